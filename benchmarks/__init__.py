@@ -1,0 +1,1 @@
+"""keelrl.benchmarks: speed and learning benchmarks; results are committed under benchmarks/results/."""

@@ -1,0 +1,187 @@
+"""Uniform replay buffer with preallocated torch storage, vectorised adds and optional n-step returns."""
+
+from __future__ import annotations
+
+import os
+from typing import NamedTuple
+
+import torch
+
+
+class Batch(NamedTuple):
+    """A sampled batch; every field has leading dimension B (batch size).
+
+    The TD target of a transition is `rewards + discounts * (1 - terminated) * V(next_obs)`:
+    with n-step returns, `rewards` is the discounted sum over the steps taken and `discounts`
+    is gamma to the power of their number (gamma for 1-step).
+    """
+
+    obs: torch.Tensor  # (B, *obs_shape)
+    actions: torch.Tensor  # (B, *action_shape)
+    rewards: torch.Tensor  # (B,)
+    next_obs: torch.Tensor  # (B, *obs_shape)
+    terminated: torch.Tensor  # (B,) float 0/1; truncation is not termination
+    discounts: torch.Tensor  # (B,)
+    costs: torch.Tensor | None = None  # (B,) when the buffer stores costs
+
+
+class ReplayBuffer:
+    """Stores transitions from `num_envs` envs in preallocated tensors on `device`.
+
+    Rows are written env-interleaved: the transition of env e at vector step t sits at
+    `(t * num_envs + e) % capacity`, so the next step of the same env is `num_envs` rows later.
+    `capacity` is rounded up to a multiple of `num_envs`.
+    """
+
+    def __init__(
+        self,
+        capacity: int,
+        obs_shape: tuple[int, ...],
+        action_shape: tuple[int, ...],
+        num_envs: int = 1,
+        device: str | torch.device = "cpu",
+        n_step: int = 1,
+        gamma: float = 0.99,
+        store_cost: bool = False,
+        seed: int = 0,
+    ):
+        if capacity < 1 or num_envs < 1:
+            raise ValueError(f"capacity and num_envs must be positive, got {capacity} and {num_envs}.")
+        if n_step < 1:
+            raise ValueError(f"n_step must be at least 1, got {n_step}.")
+        self.num_envs = num_envs
+        self.capacity = -(-capacity // num_envs) * num_envs
+        self.device = torch.device(device)
+        self.n_step = n_step
+        self.gamma = gamma
+        self.pos = 0
+        self.size = 0
+
+        def storage(*shape: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+            return torch.zeros((self.capacity, *shape), dtype=dtype, device=self.device)
+
+        self.obs = storage(*obs_shape)
+        self.next_obs = storage(*obs_shape)
+        self.actions = storage(*action_shape)
+        self.rewards = storage()
+        self.terminated = storage(dtype=torch.bool)
+        self.truncated = storage(dtype=torch.bool)
+        self.costs = storage() if store_cost else None
+        self.generator = torch.Generator(device=self.device)
+        self.generator.manual_seed(seed)
+        self._one_step_discounts: dict[int, torch.Tensor] = {}
+
+    def __len__(self) -> int:
+        return self.size
+
+    def add(self, obs, actions, rewards, next_obs, terminated, truncated, costs=None) -> None:
+        """Add one vector step: each argument has leading dimension num_envs (numpy or torch).
+
+        `next_obs` must be the true observation each transition led to (`info["final_obs"]`
+        from keelrl's vector envs), not the reset observation of a new episode.
+        """
+        rows = slice(self.pos, self.pos + self.num_envs)
+        self.obs[rows] = torch.as_tensor(obs, device=self.device, dtype=torch.float32)
+        self.next_obs[rows] = torch.as_tensor(next_obs, device=self.device, dtype=torch.float32)
+        self.actions[rows] = torch.as_tensor(actions, device=self.device, dtype=torch.float32)
+        self.rewards[rows] = torch.as_tensor(rewards, device=self.device, dtype=torch.float32)
+        self.terminated[rows] = torch.as_tensor(terminated, device=self.device, dtype=torch.bool)
+        self.truncated[rows] = torch.as_tensor(truncated, device=self.device, dtype=torch.bool)
+        if self.costs is not None:
+            if costs is None:
+                raise ValueError("This buffer stores costs: pass costs to add() (the env's info['cost']).")
+            self.costs[rows] = torch.as_tensor(costs, device=self.device, dtype=torch.float32)
+        self.pos = (self.pos + self.num_envs) % self.capacity
+        self.size = min(self.size + self.num_envs, self.capacity)
+
+    def sample(self, batch_size: int) -> Batch:
+        """Sample `batch_size` transitions uniformly with replacement."""
+        if self.size == 0:
+            raise ValueError("Cannot sample from an empty replay buffer.")
+        idx = torch.randint(0, self.size, (batch_size,), device=self.device, generator=self.generator)
+        if self.n_step == 1:
+            return Batch(
+                obs=self.obs[idx],
+                actions=self.actions[idx],
+                rewards=self.rewards[idx],
+                next_obs=self.next_obs[idx],
+                terminated=self.terminated[idx].float(),
+                discounts=self._constant_discounts(batch_size),
+                costs=None if self.costs is None else self.costs[idx],
+            )
+        return self._sample_n_step(idx)
+
+    def _constant_discounts(self, batch_size: int) -> torch.Tensor:
+        if batch_size not in self._one_step_discounts:
+            self._one_step_discounts[batch_size] = torch.full((batch_size,), self.gamma, device=self.device)
+        return self._one_step_discounts[batch_size]
+
+    def _sample_n_step(self, idx: torch.Tensor) -> Batch:
+        """Sum up to n rewards of the same env, stopping at an episode end or the newest data."""
+        num_blocks = self.capacity // self.num_envs
+        newest_block = (self.pos // self.num_envs - 1) % num_blocks
+        steps_stored_after = (newest_block - idx // self.num_envs) % num_blocks
+        last = idx.clone()
+        rewards = self.rewards[idx].clone()
+        costs = None if self.costs is None else self.costs[idx].clone()
+        discounts = torch.full_like(rewards, self.gamma)
+        active = ~(self.terminated[idx] | self.truncated[idx])
+        for k in range(1, self.n_step):
+            following = (idx + k * self.num_envs) % self.capacity
+            take = active & (steps_stored_after >= k)
+            weight = take.float() * self.gamma**k
+            rewards += weight * self.rewards[following]
+            if costs is not None:
+                costs += weight * self.costs[following]
+            last = torch.where(take, following, last)
+            discounts = torch.where(take, torch.full_like(discounts, self.gamma ** (k + 1)), discounts)
+            active = take & ~(self.terminated[following] | self.truncated[following])
+        return Batch(
+            obs=self.obs[idx],
+            actions=self.actions[idx],
+            rewards=rewards,
+            next_obs=self.next_obs[last],
+            terminated=self.terminated[last].float(),
+            discounts=discounts,
+            costs=costs,
+        )
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """The stored transitions and sampling state (tensors only, safe to load with weights_only)."""
+        state = {
+            "obs": self.obs[: self.size],
+            "next_obs": self.next_obs[: self.size],
+            "actions": self.actions[: self.size],
+            "rewards": self.rewards[: self.size],
+            "terminated": self.terminated[: self.size],
+            "truncated": self.truncated[: self.size],
+            "pos": torch.tensor(self.pos),
+            "capacity": torch.tensor(self.capacity),
+            "num_envs": torch.tensor(self.num_envs),
+            "generator": self.generator.get_state(),
+        }
+        if self.costs is not None:
+            state["costs"] = self.costs[: self.size]
+        return state
+
+    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        if int(state["capacity"]) != self.capacity or int(state["num_envs"]) != self.num_envs:
+            raise ValueError(
+                f"Saved buffer has capacity {int(state['capacity'])} for {int(state['num_envs'])} envs; "
+                f"this one has {self.capacity} for {self.num_envs}: use the same buffer size and num_envs."
+            )
+        if ("costs" in state) != (self.costs is not None):
+            raise ValueError("Saved buffer and this buffer disagree on storing costs.")
+        self.size = state["obs"].shape[0]
+        self.pos = int(state["pos"])
+        for name in ("obs", "next_obs", "actions", "rewards", "terminated", "truncated", "costs"):
+            if name in state:
+                getattr(self, name)[: self.size] = state[name].to(self.device)
+        self.generator.set_state(state["generator"])
+
+    def save(self, path: str | os.PathLike) -> None:
+        torch.save(self.state_dict(), path)
+
+    def load(self, path: str | os.PathLike) -> None:
+        self.load_state_dict(torch.load(path, map_location="cpu", weights_only=True))
+

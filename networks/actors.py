@@ -1,0 +1,86 @@
+"""Policies for continuous actions: tanh-squashed Gaussian (SAC) and deterministic (TD3)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+from torch import nn
+
+from keelrl.networks.mlp import mlp
+
+_HALF_LOG_2PI = 0.5 * math.log(2 * math.pi)
+
+
+class _BoundedActor(nn.Module):
+    """Holds the affine map from tanh's (-1, 1) to the action box [low, high]."""
+
+    def __init__(self, action_low: np.ndarray, action_high: np.ndarray):
+        super().__init__()
+        low = torch.as_tensor(np.asarray(action_low), dtype=torch.float32)
+        high = torch.as_tensor(np.asarray(action_high), dtype=torch.float32)
+        if not (torch.isfinite(low).all() and torch.isfinite(high).all()):
+            raise ValueError("The action space must be bounded (finite low and high) for a tanh-squashed actor.")
+        self.register_buffer("action_scale", (high - low) / 2.0)
+        self.register_buffer("action_bias", (high + low) / 2.0)
+
+
+class TanhGaussianActor(_BoundedActor):
+    """a = tanh(u) * scale + bias with u ~ N(mean(s), std(s)); log-std squashed into [min, max]."""
+
+    def __init__(
+        self,
+        obs_dim: int,
+        action_low: np.ndarray,
+        action_high: np.ndarray,
+        hidden_sizes: tuple[int, ...] = (256, 256),
+        log_std_min: float = -5.0,
+        log_std_max: float = 2.0,
+    ):
+        super().__init__(action_low, action_high)
+        action_dim = self.action_scale.numel()
+        self.trunk = mlp(obs_dim, hidden_sizes[:-1], hidden_sizes[-1], output_activation=nn.ReLU)
+        self.mean = nn.Linear(hidden_sizes[-1], action_dim)
+        self.log_std = nn.Linear(hidden_sizes[-1], action_dim)
+        self.log_std_min = log_std_min
+        self.log_std_max = log_std_max
+
+    def forward(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        features = self.trunk(obs)
+        log_std = torch.tanh(self.log_std(features))
+        log_std = self.log_std_min + 0.5 * (self.log_std_max - self.log_std_min) * (log_std + 1)
+        return self.mean(features), log_std
+
+    def sample(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """A reparameterised action and its log-probability (summed over action dims, shape (B,))."""
+        mean, log_std = self(obs)
+        noise = torch.randn_like(mean)
+        squashed = torch.tanh(mean + log_std.exp() * noise)
+        gaussian_log_prob = -0.5 * noise.pow(2) - log_std - _HALF_LOG_2PI
+        # change of variables through tanh and the affine map; 1e-6 keeps the log finite at |a| = 1
+        log_prob = gaussian_log_prob - torch.log(self.action_scale * (1 - squashed.pow(2)) + 1e-6)
+        return squashed * self.action_scale + self.action_bias, log_prob.sum(-1)
+
+    def act(self, obs: torch.Tensor, deterministic: bool = False) -> torch.Tensor:
+        if deterministic:
+            mean, _ = self(obs)
+            return torch.tanh(mean) * self.action_scale + self.action_bias
+        return self.sample(obs)[0]
+
+
+class DeterministicActor(_BoundedActor):
+    """a = tanh(mlp(s)) * scale + bias."""
+
+    def __init__(
+        self,
+        obs_dim: int,
+        action_low: np.ndarray,
+        action_high: np.ndarray,
+        hidden_sizes: tuple[int, ...] = (256, 256),
+    ):
+        super().__init__(action_low, action_high)
+        self.net = mlp(obs_dim, hidden_sizes, self.action_scale.numel(), output_activation=nn.Tanh)
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        return self.net(obs) * self.action_scale + self.action_bias

@@ -1,0 +1,71 @@
+"""Multi-layer perceptrons, single and as a batched ensemble."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+
+def mlp(
+    in_dim: int,
+    hidden_sizes: tuple[int, ...],
+    out_dim: int,
+    activation: type[nn.Module] = nn.ReLU,
+    output_activation: type[nn.Module] | None = None,
+) -> nn.Sequential:
+    """Linear → activation blocks over `hidden_sizes`, then a Linear to `out_dim`."""
+    layers: list[nn.Module] = []
+    sizes = (in_dim, *hidden_sizes)
+    for fan_in, fan_out in zip(sizes[:-1], sizes[1:]):
+        layers += [nn.Linear(fan_in, fan_out), activation()]
+    layers.append(nn.Linear(sizes[-1], out_dim))
+    if output_activation is not None:
+        layers.append(output_activation())
+    return nn.Sequential(*layers)
+
+
+class EnsembleLinear(nn.Module):
+    """`num_members` independent Linear layers evaluated as one batched matmul.
+
+    Input (B, in) is shared by every member; input (E, B, in) gives each member its own rows.
+    Output is (E, B, out). Each member is initialised like `nn.Linear`.
+    """
+
+    def __init__(self, num_members: int, in_features: int, out_features: int):
+        super().__init__()
+        bound = 1.0 / math.sqrt(in_features)
+        self.weight = nn.Parameter(torch.empty(num_members, in_features, out_features).uniform_(-bound, bound))
+        self.bias = nn.Parameter(torch.empty(num_members, 1, out_features).uniform_(-bound, bound))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dim() == 2:
+            x = x.expand(self.weight.shape[0], *x.shape)  # (B, in) -> (E, B, in), no copy
+        return torch.baddbmm(self.bias, x, self.weight)
+
+    def extra_repr(self) -> str:
+        members, fan_in, fan_out = self.weight.shape
+        return f"num_members={members}, in_features={fan_in}, out_features={fan_out}"
+
+
+class EnsembleMLP(nn.Module):
+    """`num_members` MLPs with the same shape, evaluated in one pass: (B, in) -> (E, B, out)."""
+
+    def __init__(
+        self,
+        num_members: int,
+        in_dim: int,
+        hidden_sizes: tuple[int, ...],
+        out_dim: int,
+        activation: type[nn.Module] = nn.ReLU,
+    ):
+        super().__init__()
+        sizes = (in_dim, *hidden_sizes, out_dim)
+        self.layers = nn.ModuleList(EnsembleLinear(num_members, a, b) for a, b in zip(sizes[:-1], sizes[1:]))
+        self.activation = activation()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in self.layers[:-1]:
+            x = self.activation(layer(x))
+        return self.layers[-1](x)

@@ -1,0 +1,34 @@
+"""keelrl: classic deep-RL control agents in PyTorch, one readable file per algorithm."""
+
+from setuptools import setup
+
+SUBPACKAGES = ["agents", "envs", "buffers", "networks", "benchmarks"]
+
+setup(
+    name="keelrl",
+    version="0.1.0",
+    description="Classic deep-RL control agents (SAC, TD3, offline, safe, streaming) in PyTorch",
+    long_description=open("README.md", encoding="utf-8").read(),
+    long_description_content_type="text/markdown",
+    python_requires=">=3.10",
+    # Each root folder installs inside the keelrl namespace, never as a bare top-level package.
+    packages=[f"keelrl.{name}" for name in SUBPACKAGES],
+    package_dir={f"keelrl.{name}": name for name in SUBPACKAGES},
+    package_data={"keelrl.benchmarks": ["results/*.md"]},
+    install_requires=[
+        # A range, not a pin: install the torch build for your machine first (see README).
+        "torch>=2.2,<3",
+        "gymnasium[mujoco]>=1.0,<2",
+        "numpy>=1.24",
+        "tensorboard>=2.12",
+        "tyro>=0.8",
+        "tqdm>=4.64",
+    ],
+    extras_require={
+        "envpool": ["envpool>=0.8.4"],
+        "offline": ["minari[hdf5]>=0.5", "h5py>=3.8"],
+        "llm": ["transformers>=4.40"],
+        "dev": ["pytest>=7.4", "pytest-timeout>=2.2"],
+    },
+    license="MIT",
+)

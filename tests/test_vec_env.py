@@ -1,0 +1,188 @@
+"""keelrl's vector envs hand agents the same transitions as a single env stepped by hand."""
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+
+from keelrl.buffers import ReplayBuffer
+from keelrl.envs import ObsNormalizer, RewardNormalizer, RunningMeanStd, make_vec_env
+
+ENV_ID = "InvertedPendulum-v5"
+# A short time limit so a few dozen random steps contain both truncations and terminations.
+ENV_KWARGS = {"max_episode_steps": 12}
+NUM_ENVS, SEED, STEPS = 3, 7, 60
+
+try:
+    import envpool  # noqa: F401
+
+    BACKENDS = ["gymnasium", "envpool"]
+except ImportError:
+    BACKENDS = ["gymnasium", pytest.param("envpool", marks=pytest.mark.skip(reason="envpool is not installed"))]
+
+
+def random_actions(seed: int) -> np.ndarray:
+    return np.random.default_rng(seed).uniform(-3, 3, (STEPS, NUM_ENVS, 1)).astype(np.float32)
+
+
+def transitions_by_hand(backend: str, env_seed: int, actions: np.ndarray) -> list[tuple]:
+    """(obs, action, reward, next_obs, terminated, truncated) of one env, each backend's native way."""
+    out = []
+    if backend == "gymnasium":
+        env = gym.make(ENV_ID, **ENV_KWARGS)
+        obs, _ = env.reset(seed=env_seed)
+        for action in actions:
+            next_obs, reward, terminated, truncated, _ = env.step(action)
+            out.append((obs, action, reward, next_obs, terminated, truncated))
+            obs = env.reset()[0] if terminated or truncated else next_obs
+        return out
+    import envpool
+
+    env = envpool.make_gymnasium(ENV_ID, num_envs=1, seed=env_seed, **ENV_KWARGS)
+    obs = env.reset()[0][0]
+    for action in actions:
+        next_obs, reward, terminated, truncated, _ = env.step(action[None])
+        out.append((obs, action, reward[0], next_obs[0], terminated[0], truncated[0]))
+        obs = next_obs[0]
+        if terminated[0] or truncated[0]:  # envpool's own autoreset: the next step returns the reset obs
+            obs = env.step(np.zeros((1, 1), np.float32))[0][0]
+    return out
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_stored_transitions_equal_single_env_by_hand(backend):
+    actions = random_actions(0)
+    env = make_vec_env(ENV_ID, NUM_ENVS, seed=SEED, backend=backend, env_kwargs=ENV_KWARGS)
+    buffer = ReplayBuffer(1000, (4,), (1,), num_envs=NUM_ENVS)
+    obs, _ = env.reset()
+    episode_returns = [[] for _ in range(NUM_ENVS)]
+    for step_actions in actions:
+        next_obs, rewards, terminated, truncated, info = env.step(step_actions)
+        buffer.add(obs, step_actions, rewards, info["final_obs"], terminated, truncated)
+        if "_episode" in info:
+            for i in np.flatnonzero(info["_episode"]):
+                episode_returns[i].append((info["episode"]["return"][i], info["episode"]["length"][i]))
+        obs = next_obs
+    env.close()
+
+    saw_termination = saw_truncation = False
+    for i in range(NUM_ENVS):
+        expected = transitions_by_hand(backend, SEED + i, actions[:, i])
+        rows = slice(i, STEPS * NUM_ENVS, NUM_ENVS)  # env i's transitions, in time order
+        np.testing.assert_allclose(buffer.obs[rows].numpy(), np.stack([t[0] for t in expected]), rtol=1e-6, atol=1e-6)
+        np.testing.assert_array_equal(buffer.actions[rows].numpy(), np.stack([t[1] for t in expected]))
+        np.testing.assert_allclose(buffer.rewards[rows].numpy(), [t[2] for t in expected])
+        np.testing.assert_allclose(buffer.next_obs[rows].numpy(), np.stack([t[3] for t in expected]), rtol=1e-6, atol=1e-6)
+        np.testing.assert_array_equal(buffer.terminated[rows].numpy(), [t[4] for t in expected])
+        np.testing.assert_array_equal(buffer.truncated[rows].numpy(), [t[5] for t in expected])
+        saw_termination |= any(t[4] for t in expected)
+        saw_truncation |= any(t[5] and not t[4] for t in expected)
+        # episode statistics: raw return and length of each finished episode
+        ends = [k for k, t in enumerate(expected) if t[4] or t[5]]
+        starts = [0] + [k + 1 for k in ends[:-1]]
+        by_hand = [(sum(t[2] for t in expected[s : e + 1]), e - s + 1) for s, e in zip(starts, ends)]
+        np.testing.assert_allclose(np.array(episode_returns[i], float), np.array(by_hand, float))
+    assert saw_termination and saw_truncation, "the test sequence must cover both episode endings"
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_truncated_transition_keeps_true_final_observation(backend):
+    env = make_vec_env(ENV_ID, 1, seed=0, backend=backend, env_kwargs={"max_episode_steps": 3})
+    obs, _ = env.reset()
+    for _ in range(3):
+        next_obs, _, terminated, truncated, info = env.step(np.zeros((1, 1), np.float32))
+    assert truncated[0] and not terminated[0]
+    # the final observation continues the episode; next_obs starts a new one near the origin
+    assert not np.allclose(info["final_obs"], next_obs)
+    assert info["episode"]["length"][0] == 3 and info["episode"]["return"][0] == 3.0
+
+
+def test_unknown_env_id_suggests_close_ids():
+    with pytest.raises(ValueError, match="Hopper-v5"):
+        make_vec_env("Hoper-v5")
+
+
+def test_unknown_backend_and_bad_num_envs():
+    with pytest.raises(ValueError, match="backend"):
+        make_vec_env(ENV_ID, backend="ray")
+    with pytest.raises(ValueError, match="num_envs"):
+        make_vec_env(ENV_ID, num_envs=0)
+
+
+class NanRewardEnv(gym.Env):
+    """Returns a NaN reward on its 5th step."""
+
+    observation_space = gym.spaces.Box(-1, 1, (2,))
+    action_space = gym.spaces.Box(-1, 1, (1,))
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        return np.zeros(2, np.float32), {}
+
+    def step(self, action):
+        self.t += 1
+        reward = float("nan") if self.t == 5 else 1.0
+        return np.zeros(2, np.float32), reward, False, False, {}
+
+
+gym.register("keelrl_test/NanReward-v0", entry_point=NanRewardEnv)
+
+
+def test_non_finite_reward_names_the_step():
+    env = make_vec_env("keelrl_test/NanReward-v0", 2)
+    env.reset()
+    for _ in range(4):
+        env.step(np.zeros((2, 1), np.float32))
+    with pytest.raises(FloatingPointError, match="non-finite reward .* vector step 5"):
+        env.step(np.zeros((2, 1), np.float32))
+
+
+def test_running_mean_std_matches_numpy_on_a_stream():
+    rng = np.random.default_rng(0)
+    stream = [rng.normal(3.0, 2.0, (int(n), 4)) for n in rng.integers(1, 20, 30)]
+    rms = RunningMeanStd((4,))
+    for batch in stream:
+        rms.update(batch)
+    everything = np.concatenate(stream)
+    np.testing.assert_allclose(rms.mean, everything.mean(0), rtol=1e-10)
+    np.testing.assert_allclose(rms.var, everything.var(0), rtol=1e-10)
+    assert rms.count == len(everything)
+
+
+def test_reward_normalizer_divides_by_discounted_return_std():
+    normalizer = RewardNormalizer(num_envs=1, gamma=0.5)
+    returns = []
+    trace = 0.0
+    for reward in [1.0, 2.0, 3.0]:
+        trace = 0.5 * trace + reward
+        returns.append(trace)
+        scaled = normalizer(np.array([reward]), np.array([False]))
+    np.testing.assert_allclose(scaled, [3.0 / np.sqrt(np.var(returns) + 1e-8)], rtol=1e-6)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_normalizer_state_saves_and_restores(backend, tmp_path):
+    kwargs = dict(num_envs=2, seed=3, backend=backend, normalize_obs=True, normalize_reward=True)
+    env = make_vec_env(ENV_ID, **kwargs)
+    env.reset()
+    for _ in range(20):
+        env.step(np.full((2, 1), 0.5, np.float32))
+    torch.save(env.state_dict(), tmp_path / "env.pt")
+    restored = make_vec_env(ENV_ID, **kwargs)
+    restored.load_state_dict(torch.load(tmp_path / "env.pt", weights_only=True))
+    raw = np.random.default_rng(0).normal(size=(5, 4))
+    np.testing.assert_array_equal(restored.normalize_obs(raw), env.normalize_obs(raw))
+    assert not np.allclose(env.normalize_obs(raw), ObsNormalizer((4,))(raw))  # statistics moved
+    np.testing.assert_array_equal(restored.reward_normalizer.returns, env.reward_normalizer.returns)
+    with pytest.raises(ValueError, match="normalisation flags"):
+        make_vec_env(ENV_ID, num_envs=2, backend=backend).load_state_dict(env.state_dict())
+
+
+def test_frozen_normalizer_does_not_update():
+    env = make_vec_env(ENV_ID, 1, normalize_obs=True)
+    env.reset()
+    env.training = False
+    count = env.obs_normalizer.rms.count
+    env.step(np.zeros((1, 1), np.float32))
+    assert env.obs_normalizer.rms.count == count
