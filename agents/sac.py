@@ -260,13 +260,11 @@ def evaluate(agent: SAC, env_id: str, episodes: int = 10, seed: int = 0) -> tupl
                            agent.obs_normalizer)
 
 
-def _start_run(config: SACConfig) -> tuple[SACConfig, Path, dict | None]:
-    """Validate, then either open a new run directory or reload an interrupted one."""
+def _start_run(config: SACConfig) -> tuple[SACConfig, Path | None, dict | None]:
+    """Validate a new config, or reload the config and checkpoint of an interrupted run."""
     if config.resume is None:
         validate(config)
-        run_dir = new_run_dir(config.runs_dir, config.env_id, ALGO, config.seed)
-        save_config(run_dir, ALGO, config)
-        return config, run_dir, None
+        return config, None, None
     run_dir = Path(config.resume)
     saved = load_run_config(run_dir, ALGO, SACConfig)
     saved = dataclasses.replace(saved, hidden_sizes=tuple(saved.hidden_sizes), resume=str(run_dir), quiet=config.quiet)
@@ -287,6 +285,9 @@ def train(config: SACConfig) -> TrainResult:
         env.close()
         raise ValueError(f"SAC needs a continuous (Box) action space; {config.env_id!r} has "
                          f"{env.single_action_space}. Use a discrete-action agent for it.")
+    if run_dir is None:  # a new run gets its directory once the env is known to work
+        run_dir = new_run_dir(config.runs_dir, config.env_id, ALGO, config.seed)
+        save_config(run_dir, ALGO, config)
     obs_dim = int(np.prod(env.single_observation_space.shape))
     low, high = env.single_action_space.low, env.single_action_space.high
     agent = SAC(obs_dim, low, high, config).to(config.device)

@@ -1,0 +1,77 @@
+"""Networks: the batched ensemble equals separate MLPs; the tanh-Gaussian log-prob is exact."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from keelrl.networks import CriticEnsemble, DeterministicActor, EnsembleMLP, TanhGaussianActor, mlp
+
+
+def test_ensemble_members_equal_separate_mlps():
+    torch.manual_seed(0)
+    ensemble = EnsembleMLP(3, 5, (16, 8), 2)
+    x = torch.randn(7, 5)
+    out = ensemble(x)
+    assert out.shape == (3, 7, 2)
+    for k in range(3):
+        single = mlp(5, (16, 8), 2)
+        linears = [m for m in single if isinstance(m, nn.Linear)]
+        for linear, layer in zip(linears, ensemble.layers):
+            linear.weight.data = layer.weight.data[k].T.clone()
+            linear.bias.data = layer.bias.data[k, 0].clone()
+        torch.testing.assert_close(single(x), out[k])
+    assert not torch.allclose(out[0], out[1])  # members are initialised independently
+
+
+def test_ensemble_takes_per_member_inputs():
+    ensemble = EnsembleMLP(2, 4, (8,), 1)
+    x = torch.randn(2, 6, 4)
+    out = ensemble(x)
+    torch.testing.assert_close(out[1], ensemble(x[1])[1])
+
+
+def test_critic_ensemble_shape_and_gradients():
+    critic = CriticEnsemble(obs_dim=5, action_dim=2, hidden_sizes=(32, 32), num_critics=2)
+    q = critic(torch.randn(9, 5), torch.randn(9, 2))
+    assert q.shape == (2, 9)
+    q.sum().backward()
+    assert all(p.grad is not None for p in critic.parameters())
+
+
+def test_tanh_gaussian_log_prob_matches_change_of_variables():
+    torch.manual_seed(0)
+    low, high = np.array([-2.0, 0.0]), np.array([2.0, 1.0])
+    actor = TanhGaussianActor(4, low, high, hidden_sizes=(16, 16))
+    obs = torch.randn(1000, 4)
+    actions, log_prob = actor.sample(obs)
+    assert actions.shape == (1000, 2) and log_prob.shape == (1000,)
+    assert (actions >= torch.tensor(low, dtype=torch.float32)).all()
+    assert (actions <= torch.tensor(high, dtype=torch.float32)).all()
+    # recompute: u = atanh((a - bias) / scale), log N(u) - log|da/du|
+    mean, log_std = actor(obs)
+    squashed = (actions - actor.action_bias) / actor.action_scale
+    u = torch.atanh(squashed.clamp(-1 + 1e-6, 1 - 1e-6))
+    normal = torch.distributions.Normal(mean, log_std.exp())
+    expected = (normal.log_prob(u) - torch.log(actor.action_scale * (1 - squashed.pow(2)) + 1e-6)).sum(-1)
+    interior = squashed.abs().max(-1).values < 0.99  # atanh is ill-conditioned at the edges
+    torch.testing.assert_close(log_prob[interior], expected[interior], rtol=1e-3, atol=1e-3)
+    assert log_std.min() >= -5 and log_std.max() <= 2
+
+
+def test_deterministic_actions_within_bounds():
+    actor = DeterministicActor(3, np.array([-0.5]), np.array([1.5]), hidden_sizes=(8,))
+    actions = actor(100 * torch.randn(50, 3))
+    assert actions.shape == (50, 1)
+    assert actions.min() >= -0.5 and actions.max() <= 1.5
+    gaussian = TanhGaussianActor(3, np.array([-0.5]), np.array([1.5]), hidden_sizes=(8,))
+    mode = gaussian.act(torch.zeros(1, 3), deterministic=True)
+    mean, _ = gaussian(torch.zeros(1, 3))
+    torch.testing.assert_close(mode, torch.tanh(mean) + 0.5)
+
+
+def test_unbounded_action_space_is_rejected():
+    with pytest.raises(ValueError, match="bounded"):
+        TanhGaussianActor(3, np.array([-math.inf]), np.array([math.inf]))

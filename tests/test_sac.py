@@ -1,0 +1,219 @@
+"""SAC: update rule, save/load, determinism, resume after a kill, and clear errors for bad input."""
+
+import csv
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+
+from keelrl.agents.common import run_cli
+from keelrl.agents.sac import SAC, SACConfig, train
+from keelrl.buffers import ReplayBuffer
+
+REPO = Path(__file__).resolve().parents[1]
+OBS_DIM, ACTION_DIM = 5, 2
+
+
+def tiny_config(tmp_path, **overrides) -> SACConfig:
+    settings = dict(env_id="InvertedPendulum-v5", total_timesteps=600, learning_starts=200, batch_size=32,
+                    hidden_sizes=(32, 32), buffer_size=10_000, eval_freq=0, eval_episodes=2,
+                    checkpoint_freq=300, log_freq=100, runs_dir=str(tmp_path), quiet=True)
+    return SACConfig(**{**settings, **overrides})
+
+
+def make_agent(**overrides) -> SAC:
+    torch.manual_seed(0)
+    return SAC(OBS_DIM, -np.ones(ACTION_DIM), np.ones(ACTION_DIM), SACConfig(hidden_sizes=(64, 64), **overrides))
+
+
+def fixed_batch(size=256):
+    rng = np.random.default_rng(0)
+    buffer = ReplayBuffer(size, (OBS_DIM,), (ACTION_DIM,), seed=0)
+    obs = rng.normal(size=(size, OBS_DIM))
+    for i in range(size):
+        buffer.add(obs[i : i + 1], rng.uniform(-1, 1, (1, ACTION_DIM)), obs[i : i + 1, 0],
+                   rng.normal(size=(1, OBS_DIM)), [rng.random() < 0.1], [False])
+    return buffer.sample(size)
+
+
+def test_update_shapes_schedule_and_target_tracking():
+    agent = make_agent()
+    batch = fixed_batch()
+    target_before = [p.clone() for p in agent.critic_target.parameters()]
+    first = agent.update(batch)
+    assert set(first) == {"losses/qf_loss", "losses/qf_values"}  # actor waits for policy_frequency
+    second = agent.update(batch)
+    assert {"losses/actor_loss", "losses/alpha", "losses/alpha_loss"} <= set(second)
+    assert all(v.dim() == 0 and torch.isfinite(v) for v in second.values())
+    assert agent.num_updates == 2
+    assert agent.critic(batch.obs, batch.actions).shape == (2, 256)
+    # Polyak: target <- target + tau * (online - target), twice
+    for before, target, online in zip(target_before, agent.critic_target.parameters(), agent.critic.parameters()):
+        assert not torch.equal(before, target)
+        assert (target - before).abs().max() < 0.02 * (online - before).abs().max() + 1e-6
+
+
+def test_critic_loss_falls_on_a_fixed_batch():
+    agent = make_agent()
+    batch = fixed_batch()
+    losses = [agent._update_critic(batch)["losses/qf_loss"].item() for _ in range(300)]
+    assert losses[-1] < 0.2 * losses[0]
+
+
+def test_actor_loss_falls_and_alpha_tracks_entropy_on_a_fixed_batch():
+    agent = make_agent()
+    batch = fixed_batch()
+    for _ in range(100):
+        agent._update_critic(batch)
+    alpha_before = agent.alpha.item()
+    losses = [agent._update_actor_and_alpha(batch.obs)["losses/actor_loss"].item() for _ in range(200)]
+    assert np.mean(losses[-10:]) < np.mean(losses[:10])
+    # entropy of a fresh tanh-Gaussian exceeds the target -|A|, so alpha must shrink
+    assert agent.alpha.item() < alpha_before
+
+
+def test_save_and_load_give_the_same_policy(tmp_path):
+    agent = make_agent()
+    agent.update(fixed_batch())
+    agent.save(tmp_path / "model.pt")
+    loaded = SAC.load(tmp_path / "model.pt")
+    obs = np.random.default_rng(1).normal(size=(4, OBS_DIM))
+    np.testing.assert_array_equal(loaded.act(obs, deterministic=True), agent.act(obs, deterministic=True))
+    assert loaded.config.hidden_sizes == (64, 64)
+
+
+def test_loading_another_algorithms_checkpoint_is_refused(tmp_path):
+    torch.save({"algo": "td3", "networks": {}}, tmp_path / "td3.pt")
+    with pytest.raises(ValueError, match="'td3' checkpoint"):
+        SAC.load(tmp_path / "td3.pt")
+    (tmp_path / "junk.pt").write_bytes(b"not a checkpoint")
+    with pytest.raises(ValueError, match="not a readable keelrl checkpoint"):
+        SAC.load(tmp_path / "junk.pt")
+
+
+def read_episodes(run_dir: Path) -> list[dict]:
+    with (run_dir / "episodes.csv").open() as f:
+        return list(csv.DictReader(f))
+
+
+def test_same_seed_gives_identical_runs(tmp_path):
+    first = train(tiny_config(tmp_path / "a", seed=3))
+    second = train(tiny_config(tmp_path / "b", seed=3))
+    other = train(tiny_config(tmp_path / "c", seed=4))
+    returns = lambda result: [row["return"] for row in read_episodes(result.run_dir)]  # noqa: E731
+    assert len(returns(first)) > 10
+    assert returns(first) == returns(second)
+    np.testing.assert_array_equal(first.final_eval_returns, second.final_eval_returns)
+    assert returns(first) != returns(other)
+    for name in ("config.json", "episodes.csv", "eval.csv", "checkpoint.pt", "buffer.pt", "model.pt"):
+        assert (first.run_dir / name).is_file(), name
+    assert any(p.name.startswith("events.out.tfevents") for p in first.run_dir.iterdir())
+
+
+def test_resume_after_kill_leaves_no_gap_or_duplicate(tmp_path):
+    args = ["--env-id", "InvertedPendulum-v5", "--total-timesteps", "4000", "--learning-starts", "300",
+            "--batch-size", "32", "--hidden-sizes", "32", "32", "--checkpoint-freq", "1000",
+            "--eval-freq", "0", "--eval-episodes", "2", "--runs-dir", str(tmp_path), "--quiet"]
+    process = subprocess.Popen([sys.executable, "-m", "keelrl.agents.sac", *args], cwd=REPO,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.time() + 120
+    run_dir = None
+    while time.time() < deadline and process.poll() is None:
+        runs = list(tmp_path.iterdir())
+        if runs and (runs[0] / "checkpoint.pt").exists():
+            run_dir = runs[0]
+            rows = read_episodes(run_dir)
+            if rows and int(rows[-1]["global_step"]) > 1300:
+                break
+        time.sleep(0.05)
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    assert run_dir is not None, process.stderr.read().decode()
+    checkpoint_step = torch.load(run_dir / "checkpoint.pt", weights_only=True)["global_step"]
+    assert 1000 <= checkpoint_step < 4000
+    before = read_episodes(run_dir)
+    assert int(before[-1]["global_step"]) > checkpoint_step  # episodes logged after the checkpoint
+
+    result = train(SACConfig(resume=str(run_dir), quiet=True))
+    assert result.global_step == 4000
+    after = read_episodes(run_dir)
+    steps = [int(row["global_step"]) for row in after]
+    assert steps == sorted(set(steps))  # strictly increasing: nothing duplicated
+    kept = [row for row in before if int(row["global_step"]) <= checkpoint_step]
+    assert after[: len(kept)] == kept  # nothing lost up to the checkpoint
+    assert steps[len(kept)] > checkpoint_step and steps[-1] > 3500  # and training went on to the end
+    evals = list(csv.DictReader((run_dir / "eval.csv").open()))
+    assert [int(row["global_step"]) for row in evals] == [4000]
+
+
+class NanRewardEnv(gym.Env):
+    observation_space = gym.spaces.Box(-1, 1, (2,))
+    action_space = gym.spaces.Box(-1, 1, (1,))
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        return np.zeros(2, np.float32), {}
+
+    def step(self, action):
+        self.t += 1
+        return np.zeros(2, np.float32), float("nan") if self.t == 250 else 0.0, False, self.t >= 300, {}
+
+
+gym.register("keelrl_test/SacNanReward-v0", entry_point=NanRewardEnv)
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--env-id", "Hoper-v5"], "Did you mean 'Hopper-v5'"),
+        (["--env-id", "CartPole-v1"], r"continuous \(Box\) action space"),
+        (["--total-timesteps", "0"], "--total-timesteps must be positive"),
+        (["--total-timesteps", "-5"], "--total-timesteps must be positive"),
+        (["--batch-size", "0"], "--batch-size must be positive"),
+        (["--learning-starts", "-1"], "non-negative"),
+        (["--device", "cuda"] if not torch.cuda.is_available() else ["--gamma", "2"], "cuda|gamma"),
+        (["--env-id", "keelrl_test/SacNanReward-v0", "--learning-starts", "100", "--batch-size", "8",
+          "--checkpoint-freq", "200"], r"non-finite reward .*global step 249.*last checkpoint"),
+    ],
+)
+def test_bad_input_is_one_clear_line_and_exit_code_2(args, message, tmp_path, capsys):
+    code = run_cli(train, SACConfig, args=[*args, "--runs-dir", str(tmp_path), "--quiet", "--hidden-sizes", "8"])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert err.startswith("error: ") and "Traceback" not in err
+    assert re.search(message, err), err
+
+
+def test_resume_of_a_directory_that_is_not_a_run(tmp_path, capsys):
+    assert run_cli(train, SACConfig, args=["--resume", str(tmp_path)]) == 2
+    assert "not a keelrl run directory" in capsys.readouterr().err
+    assert run_cli(train, SACConfig, args=["--resume", str(tmp_path / "missing")]) == 2
+    assert "no such directory" in capsys.readouterr().err
+
+
+def test_resume_of_another_algorithms_run(tmp_path, capsys):
+    (tmp_path / "config.json").write_text(json.dumps({"algo": "td3", "config": {}}))
+    torch.save({"algo": "td3"}, tmp_path / "checkpoint.pt")
+    assert run_cli(train, SACConfig, args=["--resume", str(tmp_path)]) == 2
+    assert "that run is 'td3', not 'sac'" in capsys.readouterr().err
+
+
+def test_cli_prints_no_traceback(tmp_path):
+    completed = subprocess.run(
+        [sys.executable, "-m", "keelrl.agents.sac", "--env-id", "Hoper-v5", "--runs-dir", str(tmp_path)],
+        cwd=REPO, capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONWARNINGS": "ignore"},
+    )
+    assert completed.returncode == 2
+    assert completed.stderr.strip().startswith("error: Unknown gymnasium environment id 'Hoper-v5'")
+    assert "Traceback" not in completed.stderr
+    assert not any(tmp_path.iterdir())  # no run directory is left behind for a run that never started
