@@ -43,8 +43,8 @@ from keelrl.agents.common import (
     set_threads,
 )
 from keelrl.buffers import Batch, ReplayBuffer
-from keelrl.envs import ObsNormalizer, make_vec_env
-from keelrl.networks import CriticEnsemble, TanhGaussianActor
+from keelrl.envs import make_vec_env
+from keelrl.networks import CriticEnsemble, RunningObsNorm, TanhGaussianActor
 
 ALGO = "sac"
 
@@ -92,7 +92,7 @@ class SACConfig:
     n_step: int = 1
     """n-step returns from the replay buffer"""
     normalize_obs: bool = False
-    """normalise observations by running mean/std (statistics saved with checkpoints)"""
+    """normalise observations by running mean/std, updated on the observations acted on (saved with the model)"""
     eval_freq: int = 10_000
     """environment steps between evaluations (0: only at the end)"""
     eval_episodes: int = 10
@@ -133,7 +133,7 @@ def validate(config: SACConfig) -> None:
 
 
 class SAC(nn.Module):
-    """The SAC networks and update rule. Observations are what the agent sees (normalised if on)."""
+    """The SAC networks and update rule; takes raw observations (normalised inside when configured)."""
 
     def __init__(self, obs_dim: int, action_low: np.ndarray, action_high: np.ndarray, config: SACConfig):
         super().__init__()
@@ -145,7 +145,7 @@ class SAC(nn.Module):
         self.critic_target = copy.deepcopy(self.critic).requires_grad_(False)
         self.log_alpha = nn.Parameter(torch.tensor(float(np.log(config.alpha))), requires_grad=config.autotune)
         self.target_entropy = config.target_entropy_scale * action_dim
-        self.obs_normalizer: ObsNormalizer | None = None
+        self.obs_norm = RunningObsNorm(obs_dim) if config.normalize_obs else nn.Identity()
         self.actor_optimizer = torch.optim.Adam(self.actor.parameters(), lr=config.policy_lr)
         self.critic_optimizer = torch.optim.Adam(self.critic.parameters(), lr=config.q_lr)
         self.alpha_optimizer = torch.optim.Adam([self.log_alpha], lr=config.q_lr) if config.autotune else None
@@ -160,11 +160,13 @@ class SAC(nn.Module):
     @torch.inference_mode()
     def act(self, obs: np.ndarray, deterministic: bool = False) -> np.ndarray:
         """Actions for a batch of observations (B, obs_dim) -> (B, action_dim)."""
-        obs_t = torch.as_tensor(obs, dtype=torch.float32, device=self.log_alpha.device)
+        obs_t = self.obs_norm(torch.as_tensor(obs, dtype=torch.float32, device=self.log_alpha.device))
         return self.actor.act(obs_t, deterministic).cpu().numpy()
 
     def update(self, batch: Batch) -> dict[str, torch.Tensor]:
         """One critic step (and the delayed actor/α steps when due). Returns detached scalar tensors."""
+        if self.config.normalize_obs:
+            batch = batch._replace(obs=self.obs_norm(batch.obs), next_obs=self.obs_norm(batch.next_obs))
         losses = self._update_critic(batch)
         self.num_updates += 1
         if self.num_updates % self.config.policy_frequency == 0:
@@ -230,7 +232,7 @@ class SAC(nn.Module):
         self.num_updates = state["num_updates"]
 
     def save(self, path: str | os.PathLike) -> None:
-        """Save the networks, config and observation normaliser (tensors and plain values only)."""
+        """Save the networks (observation statistics included) and config: tensors and plain values only."""
         save_checkpoint(Path(path), {
             "algo": ALGO,
             "config": dataclasses.asdict(self.config),
@@ -238,7 +240,6 @@ class SAC(nn.Module):
             "action_low": self.actor.action_bias - self.actor.action_scale,
             "action_high": self.actor.action_bias + self.actor.action_scale,
             "networks": self.state_dict(),
-            "obs_normalizer": None if self.obs_normalizer is None else self.obs_normalizer.state_dict(),
         })
 
     @classmethod
@@ -247,17 +248,12 @@ class SAC(nn.Module):
         config = SACConfig(**state["config"])
         agent = cls(state["obs_dim"], state["action_low"].numpy(), state["action_high"].numpy(), config)
         agent.load_state_dict(state["networks"])
-        if state["obs_normalizer"] is not None:
-            agent.obs_normalizer = ObsNormalizer((state["obs_dim"],))
-            agent.obs_normalizer.load_state_dict(state["obs_normalizer"])
-            agent.obs_normalizer.training = False
         return agent.to(device)
 
 
 def evaluate(agent: SAC, env_id: str, episodes: int = 10, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
     """Returns and costs of `episodes` episodes of the deterministic policy."""
-    return evaluate_policy(lambda obs: agent.act(obs, deterministic=True), env_id, episodes, seed,
-                           agent.obs_normalizer)
+    return evaluate_policy(lambda obs: agent.act(obs, deterministic=True), env_id, episodes, seed)
 
 
 def _start_run(config: SACConfig) -> tuple[SACConfig, Path | None, dict | None]:
@@ -279,8 +275,7 @@ def train(config: SACConfig) -> TrainResult:
     seed_everything(config.seed)
     global_step = 0 if checkpoint is None else checkpoint["global_step"]
     # a resumed run starts fresh episodes: envs are reseeded from the step they resume at
-    env = make_vec_env(config.env_id, config.num_envs, config.seed + global_step, config.env_backend,
-                       normalize_obs=config.normalize_obs, gamma=config.gamma)
+    env = make_vec_env(config.env_id, config.num_envs, config.seed + global_step, config.env_backend)
     if not isinstance(env.single_action_space, gym.spaces.Box):
         env.close()
         raise ValueError(f"SAC needs a continuous (Box) action space; {config.env_id!r} has "
@@ -291,13 +286,11 @@ def train(config: SACConfig) -> TrainResult:
     obs_dim = int(np.prod(env.single_observation_space.shape))
     low, high = env.single_action_space.low, env.single_action_space.high
     agent = SAC(obs_dim, low, high, config).to(config.device)
-    agent.obs_normalizer = env.obs_normalizer
     buffer = ReplayBuffer(config.buffer_size, (obs_dim,), low.shape, config.num_envs, config.device,
                           config.n_step, config.gamma, seed=config.seed)
     action_rng = np.random.default_rng(config.seed)
     if checkpoint is not None:
         agent.load_training_state(checkpoint["agent"])
-        env.load_state_dict(checkpoint["env"])
         restore_rng_state(checkpoint["rng"], action_rng)
         buffer.load(run_dir / BUFFER_FILE)
 
@@ -305,7 +298,7 @@ def train(config: SACConfig) -> TrainResult:
         buffer.save(run_dir / BUFFER_FILE)
         save_checkpoint(run_dir / CHECKPOINT_FILE, {
             "algo": ALGO, "global_step": global_step, "agent": agent.training_state(),
-            "env": env.state_dict(), "rng": rng_state(action_rng),
+            "rng": rng_state(action_rng),
         })
 
     logger = RunLogger(run_dir, resume_step=None if checkpoint is None else global_step)
@@ -315,6 +308,8 @@ def train(config: SACConfig) -> TrainResult:
     obs, _ = env.reset()
     try:
         while global_step < config.total_timesteps:
+            if config.normalize_obs:
+                agent.obs_norm.update(torch.as_tensor(obs))
             if global_step < config.learning_starts:
                 actions = action_rng.uniform(low, high, (config.num_envs, *low.shape)).astype(np.float32)
             else:

@@ -3,5 +3,7 @@
 from keelrl.networks.actors import DeterministicActor, TanhGaussianActor
 from keelrl.networks.critics import CriticEnsemble
 from keelrl.networks.mlp import EnsembleLinear, EnsembleMLP, mlp
+from keelrl.networks.normalization import RunningObsNorm
 
-__all__ = ["mlp", "EnsembleLinear", "EnsembleMLP", "CriticEnsemble", "TanhGaussianActor", "DeterministicActor"]
+__all__ = ["mlp", "EnsembleLinear", "EnsembleMLP", "CriticEnsemble", "TanhGaussianActor", "DeterministicActor",
+           "RunningObsNorm"]

@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch import nn
 
-from keelrl.networks import CriticEnsemble, DeterministicActor, EnsembleMLP, TanhGaussianActor, mlp
+from keelrl.networks import CriticEnsemble, DeterministicActor, EnsembleMLP, RunningObsNorm, TanhGaussianActor, mlp
 
 
 def test_ensemble_members_equal_separate_mlps():
@@ -75,3 +75,19 @@ def test_deterministic_actions_within_bounds():
 def test_unbounded_action_space_is_rejected():
     with pytest.raises(ValueError, match="bounded"):
         TanhGaussianActor(3, np.array([-math.inf]), np.array([math.inf]))
+
+
+def test_running_obs_norm_matches_numpy_on_a_stream():
+    rng = np.random.default_rng(0)
+    stream = [rng.normal(-2.0, 3.0, (int(n), 6)) for n in rng.integers(1, 16, 40)]
+    norm = RunningObsNorm(6)
+    for batch in stream:
+        norm.update(torch.as_tensor(batch, dtype=torch.float32))
+    everything = np.concatenate(stream).astype(np.float32).astype(np.float64)
+    np.testing.assert_allclose(norm.mean.numpy(), everything.mean(0), rtol=1e-9, atol=1e-12)
+    np.testing.assert_allclose(norm.var.numpy(), everything.var(0), rtol=1e-9)
+    assert norm.count.item() == len(everything)
+    x = torch.as_tensor(everything[:5], dtype=torch.float32)
+    expected = (everything[:5] - everything.mean(0)) / np.sqrt(everything.var(0) + 1e-8)
+    np.testing.assert_allclose(norm(x).numpy(), expected, rtol=1e-5, atol=1e-5)
+    assert norm(torch.full((1, 6), 1e6)).max() == 10.0  # clipped

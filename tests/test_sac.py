@@ -81,14 +81,20 @@ def test_actor_loss_falls_and_alpha_tracks_entropy_on_a_fixed_batch():
     assert agent.alpha.item() < alpha_before
 
 
-def test_save_and_load_give_the_same_policy(tmp_path):
-    agent = make_agent()
+@pytest.mark.parametrize("normalize_obs", [False, True])
+def test_save_and_load_give_the_same_policy(tmp_path, normalize_obs):
+    agent = make_agent(normalize_obs=normalize_obs)
+    if normalize_obs:
+        agent.obs_norm.update(torch.randn(100, OBS_DIM) * 5 + 3)
     agent.update(fixed_batch())
     agent.save(tmp_path / "model.pt")
     loaded = SAC.load(tmp_path / "model.pt")
     obs = np.random.default_rng(1).normal(size=(4, OBS_DIM))
     np.testing.assert_array_equal(loaded.act(obs, deterministic=True), agent.act(obs, deterministic=True))
     assert loaded.config.hidden_sizes == (64, 64)
+    if normalize_obs:  # the statistics travel with the model
+        torch.testing.assert_close(loaded.obs_norm.mean, agent.obs_norm.mean)
+        assert loaded.obs_norm.count.item() == 100
 
 
 def test_loading_another_algorithms_checkpoint_is_refused(tmp_path):
@@ -122,7 +128,7 @@ def test_same_seed_gives_identical_runs(tmp_path):
 def test_resume_after_kill_leaves_no_gap_or_duplicate(tmp_path):
     args = ["--env-id", "InvertedPendulum-v5", "--total-timesteps", "4000", "--learning-starts", "300",
             "--batch-size", "32", "--hidden-sizes", "32", "32", "--checkpoint-freq", "1000",
-            "--eval-freq", "0", "--eval-episodes", "2", "--runs-dir", str(tmp_path), "--quiet"]
+            "--eval-freq", "0", "--eval-episodes", "2", "--normalize-obs", "--runs-dir", str(tmp_path), "--quiet"]
     process = subprocess.Popen([sys.executable, "-m", "keelrl.agents.sac", *args], cwd=REPO,
                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     deadline = time.time() + 120
@@ -153,6 +159,8 @@ def test_resume_after_kill_leaves_no_gap_or_duplicate(tmp_path):
     assert steps[len(kept)] > checkpoint_step and steps[-1] > 3500  # and training went on to the end
     evals = list(csv.DictReader((run_dir / "eval.csv").open()))
     assert [int(row["global_step"]) for row in evals] == [4000]
+    # the observation statistics were restored: they count every observation acted on, before and after
+    assert SAC.load(run_dir / "model.pt").obs_norm.count.item() == 4000
 
 
 class NanRewardEnv(gym.Env):
