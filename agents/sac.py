@@ -318,7 +318,7 @@ def train(config: SACConfig) -> TrainResult:
                 next_obs, rewards, terminated, truncated, info = env.step(actions)
             except FloatingPointError as err:
                 raise FloatingPointError(
-                    f"{err} (global step {global_step}). Training stopped; the last checkpoint in {run_dir} "
+                    f"{err} (global step {global_step + config.num_envs}). Training stopped; the last checkpoint in {run_dir} "
                     f"is kept (fix the environment, then --resume {run_dir})."
                 ) from None
             buffer.add(obs, actions, rewards, info["final_obs"], terminated, truncated)

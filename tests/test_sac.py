@@ -10,7 +10,6 @@ import sys
 import time
 from pathlib import Path
 
-import gymnasium as gym
 import numpy as np
 import pytest
 import torch
@@ -163,21 +162,6 @@ def test_resume_after_kill_leaves_no_gap_or_duplicate(tmp_path):
     assert SAC.load(run_dir / "model.pt").obs_norm.count.item() == 4000
 
 
-class NanRewardEnv(gym.Env):
-    observation_space = gym.spaces.Box(-1, 1, (2,))
-    action_space = gym.spaces.Box(-1, 1, (1,))
-
-    def reset(self, *, seed=None, options=None):
-        super().reset(seed=seed)
-        self.t = 0
-        return np.zeros(2, np.float32), {}
-
-    def step(self, action):
-        self.t += 1
-        return np.zeros(2, np.float32), float("nan") if self.t == 250 else 0.0, False, self.t >= 300, {}
-
-
-gym.register("keelrl_test/SacNanReward-v0", entry_point=NanRewardEnv)
 
 
 @pytest.mark.parametrize(
@@ -190,8 +174,8 @@ gym.register("keelrl_test/SacNanReward-v0", entry_point=NanRewardEnv)
         (["--batch-size", "0"], "--batch-size must be positive"),
         (["--learning-starts", "-1"], "non-negative"),
         (["--device", "cuda"] if not torch.cuda.is_available() else ["--gamma", "2"], "cuda|gamma"),
-        (["--env-id", "keelrl_test/SacNanReward-v0", "--learning-starts", "100", "--batch-size", "8",
-          "--checkpoint-freq", "200"], r"non-finite reward .*global step 249.*last checkpoint"),
+        (["--env-id", "keelrl_test/NanRewardLate-v0", "--learning-starts", "100", "--batch-size", "8",
+          "--checkpoint-freq", "200"], r"non-finite reward .*global step 250.*last checkpoint"),
     ],
 )
 def test_bad_input_is_one_clear_line_and_exit_code_2(args, message, tmp_path, capsys):

@@ -109,26 +109,6 @@ def test_unknown_backend_and_bad_num_envs():
         make_vec_env(ENV_ID, num_envs=0)
 
 
-class NanRewardEnv(gym.Env):
-    """Returns a NaN reward on its 5th step."""
-
-    observation_space = gym.spaces.Box(-1, 1, (2,))
-    action_space = gym.spaces.Box(-1, 1, (1,))
-
-    def reset(self, *, seed=None, options=None):
-        super().reset(seed=seed)
-        self.t = 0
-        return np.zeros(2, np.float32), {}
-
-    def step(self, action):
-        self.t += 1
-        reward = float("nan") if self.t == 5 else 1.0
-        return np.zeros(2, np.float32), reward, False, False, {}
-
-
-gym.register("keelrl_test/NanReward-v0", entry_point=NanRewardEnv)
-
-
 def test_non_finite_reward_names_the_step():
     env = make_vec_env("keelrl_test/NanReward-v0", 2)
     env.reset()
