@@ -1,6 +1,9 @@
 import gymnasium as gym
 import numpy as np
+import pytest
 import torch
+
+from keelrl.buffers import ReplayBuffer
 
 torch.set_num_threads(1)
 
@@ -27,3 +30,19 @@ class NanRewardEnv(gym.Env):
 
 gym.register("keelrl_test/NanReward-v0", entry_point=NanRewardEnv, kwargs={"nan_step": 5})
 gym.register("keelrl_test/NanRewardLate-v0", entry_point=NanRewardEnv, kwargs={"nan_step": 250}, max_episode_steps=300)
+
+
+OBS_DIM, ACTION_DIM = 5, 2
+
+
+@pytest.fixture
+def fixed_batch():
+    """256 fixed transitions (obs 5, actions 2 in [-1, 1], reward = first obs entry, 10% terminal)."""
+    rng = np.random.default_rng(0)
+    size = 256
+    buffer = ReplayBuffer(size, (OBS_DIM,), (ACTION_DIM,), seed=0)
+    obs = rng.normal(size=(size, OBS_DIM))
+    for i in range(size):
+        buffer.add(obs[i : i + 1], rng.uniform(-1, 1, (1, ACTION_DIM)), obs[i : i + 1, 0],
+                   rng.normal(size=(1, OBS_DIM)), [rng.random() < 0.1], [False])
+    return buffer.sample(size)

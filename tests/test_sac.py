@@ -16,10 +16,9 @@ import torch
 
 from keelrl.agents.common import run_cli
 from keelrl.agents.sac import SAC, SACConfig, train
-from keelrl.buffers import ReplayBuffer
 
 REPO = Path(__file__).resolve().parents[1]
-OBS_DIM, ACTION_DIM = 5, 2
+OBS_DIM, ACTION_DIM = 5, 2  # as the fixed_batch fixture in conftest.py
 
 
 def tiny_config(tmp_path, **overrides) -> SACConfig:
@@ -34,19 +33,9 @@ def make_agent(**overrides) -> SAC:
     return SAC(OBS_DIM, -np.ones(ACTION_DIM), np.ones(ACTION_DIM), SACConfig(hidden_sizes=(64, 64), **overrides))
 
 
-def fixed_batch(size=256):
-    rng = np.random.default_rng(0)
-    buffer = ReplayBuffer(size, (OBS_DIM,), (ACTION_DIM,), seed=0)
-    obs = rng.normal(size=(size, OBS_DIM))
-    for i in range(size):
-        buffer.add(obs[i : i + 1], rng.uniform(-1, 1, (1, ACTION_DIM)), obs[i : i + 1, 0],
-                   rng.normal(size=(1, OBS_DIM)), [rng.random() < 0.1], [False])
-    return buffer.sample(size)
-
-
-def test_update_shapes_schedule_and_target_tracking():
+def test_update_shapes_schedule_and_target_tracking(fixed_batch):
     agent = make_agent()
-    batch = fixed_batch()
+    batch = fixed_batch
     target_before = [p.clone() for p in agent.critic_target.parameters()]
     first = agent.update(batch)
     assert set(first) == {"losses/qf_loss", "losses/qf_values"}  # actor waits for policy_frequency
@@ -61,16 +50,16 @@ def test_update_shapes_schedule_and_target_tracking():
         assert (target - before).abs().max() < 0.02 * (online - before).abs().max() + 1e-6
 
 
-def test_critic_loss_falls_on_a_fixed_batch():
+def test_critic_loss_falls_on_a_fixed_batch(fixed_batch):
     agent = make_agent()
-    batch = fixed_batch()
+    batch = fixed_batch
     losses = [agent._update_critic(batch)["losses/qf_loss"].item() for _ in range(300)]
     assert losses[-1] < 0.2 * losses[0]
 
 
-def test_actor_loss_falls_and_alpha_tracks_entropy_on_a_fixed_batch():
+def test_actor_loss_falls_and_alpha_tracks_entropy_on_a_fixed_batch(fixed_batch):
     agent = make_agent()
-    batch = fixed_batch()
+    batch = fixed_batch
     for _ in range(100):
         agent._update_critic(batch)
     alpha_before = agent.alpha.item()
@@ -81,11 +70,11 @@ def test_actor_loss_falls_and_alpha_tracks_entropy_on_a_fixed_batch():
 
 
 @pytest.mark.parametrize("normalize_obs", [False, True])
-def test_save_and_load_give_the_same_policy(tmp_path, normalize_obs):
+def test_save_and_load_give_the_same_policy(tmp_path, normalize_obs, fixed_batch):
     agent = make_agent(normalize_obs=normalize_obs)
     if normalize_obs:
         agent.obs_norm.update(torch.randn(100, OBS_DIM) * 5 + 3)
-    agent.update(fixed_batch())
+    agent.update(fixed_batch)
     agent.save(tmp_path / "model.pt")
     loaded = SAC.load(tmp_path / "model.pt")
     obs = np.random.default_rng(1).normal(size=(4, OBS_DIM))

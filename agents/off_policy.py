@@ -1,0 +1,309 @@
+"""The parts SAC, TD3 and their variants share: run options, agent plumbing and the training loop.
+
+An off-policy agent file (sac.py, td3.py) defines its config (a subclass of `OffPolicyConfig`)
+and its agent (a subclass of `OffPolicyAgent` that builds the networks and implements
+`policy` and `learn`); `train_off_policy` then runs: act, step the envs, store the transition,
+update, log, evaluate, checkpoint, until the step budget.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+from pathlib import Path
+from typing import ClassVar
+
+import gymnasium as gym
+import numpy as np
+import torch
+from torch import nn
+
+from keelrl.agents.common import (
+    BUFFER_FILE,
+    CHECKPOINT_FILE,
+    DEFAULT_THREADS,
+    RunLogger,
+    TrainResult,
+    evaluate_policy,
+    load_checkpoint,
+    load_run_config,
+    new_run_dir,
+    progress_bar,
+    restore_rng_state,
+    rng_state,
+    save_checkpoint,
+    save_config,
+    seed_everything,
+    set_threads,
+)
+from keelrl.buffers import Batch, ReplayBuffer
+from keelrl.envs import make_vec_env
+from keelrl.networks import RunningObsNorm
+
+
+@dataclasses.dataclass
+class OffPolicyConfig:
+    env_id: str = "Hopper-v5"
+    """gymnasium (or envpool) environment id with a Box action space"""
+    seed: int = 1
+    """seed of python, numpy, torch and the envs"""
+    total_timesteps: int = 1_000_000
+    """environment steps to train for"""
+    num_envs: int = 1
+    """parallel environments (one gradient update per environment step)"""
+    env_backend: str = "gymnasium"
+    """'gymnasium' or 'envpool'"""
+    buffer_size: int = 1_000_000
+    """replay buffer capacity (transitions)"""
+    gamma: float = 0.99
+    """discount factor"""
+    tau: float = 0.005
+    """target network Polyak rate"""
+    batch_size: int = 256
+    """transitions per gradient update"""
+    learning_starts: int = 5_000
+    """environment steps of uniform random actions before learning starts"""
+    policy_frequency: int = 2
+    """critic updates per actor update (delayed policy updates)"""
+    hidden_sizes: tuple[int, ...] = (256, 256)
+    """hidden layer sizes of actor and critics"""
+    num_critics: int = 2
+    """critics in the ensemble; targets take their minimum"""
+    n_step: int = 1
+    """n-step returns from the replay buffer"""
+    normalize_obs: bool = False
+    """normalise observations by running mean/std, updated on the observations acted on (saved with the model)"""
+    eval_freq: int = 10_000
+    """environment steps between evaluations (0: only at the end)"""
+    eval_episodes: int = 10
+    """episodes per evaluation (deterministic policy)"""
+    checkpoint_freq: int = 50_000
+    """environment steps between checkpoints (the last one is always written)"""
+    log_freq: int = 1_000
+    """environment steps between loss logs (losses stay on the device in between)"""
+    threads: int = DEFAULT_THREADS
+    """torch CPU threads (1 is fastest here for 256-wide networks; see agents/common.py)"""
+    device: str = "cpu"
+    """torch device for networks and replay buffer"""
+    runs_dir: str = "runs"
+    """parent directory of run directories"""
+    resume: str | None = None
+    """continue the run in this directory to its total_timesteps (its saved config is used)"""
+    quiet: bool = False
+    """no progress bar"""
+
+
+def validate_off_policy(config: OffPolicyConfig) -> None:
+    """Reject option values no run can use, with the option's command-line name."""
+    positive = ["total_timesteps", "num_envs", "buffer_size", "batch_size", "policy_frequency", "eval_episodes",
+                "checkpoint_freq", "log_freq", "n_step", "threads"]
+    for name in positive:
+        if getattr(config, name) < 1:
+            raise ValueError(f"--{name.replace('_', '-')} must be positive, got {getattr(config, name)}.")
+    if config.learning_starts < 0 or config.eval_freq < 0:
+        raise ValueError("--learning-starts and --eval-freq must be non-negative.")
+    if not 0.0 < config.gamma <= 1.0 or not 0.0 < config.tau <= 1.0:
+        raise ValueError(f"--gamma and --tau must lie in (0, 1], got {config.gamma} and {config.tau}.")
+    if config.batch_size > config.buffer_size:
+        raise ValueError(f"--batch-size {config.batch_size} is larger than --buffer-size {config.buffer_size}.")
+    if config.num_critics < 2:
+        raise ValueError("Clipped double-Q takes the minimum over at least 2 critics: --num-critics must be >= 2.")
+    if config.device.startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError(f"--device {config.device}: torch sees no CUDA GPU on this machine; use --device cpu.")
+
+
+class OffPolicyAgent(nn.Module):
+    """Plumbing shared by SAC and TD3: observation normalisation, acting on numpy, save/load.
+
+    Subclasses set `algo` and `config_cls`, build their networks and `self.optimizers` (a dict
+    of name → optimizer) in `__init__`, and implement `policy(obs, deterministic)` and
+    `learn(batch)`. `update(batch)` normalises observations and calls `learn`.
+    """
+
+    algo: ClassVar[str]
+    config_cls: ClassVar[type]
+
+    def __init__(self, obs_dim: int, action_low: np.ndarray, action_high: np.ndarray, config: OffPolicyConfig):
+        super().__init__()
+        self.config = config
+        self.obs_dim = obs_dim
+        self.register_buffer("action_low", torch.as_tensor(action_low, dtype=torch.float32))
+        self.register_buffer("action_high", torch.as_tensor(action_high, dtype=torch.float32))
+        self.obs_norm = RunningObsNorm(obs_dim) if config.normalize_obs else nn.Identity()
+        self.optimizers: dict[str, torch.optim.Optimizer] = {}
+        self.num_updates = 0
+
+    def policy(self, obs: torch.Tensor, deterministic: bool) -> torch.Tensor:
+        """Actions for normalised observations: exploratory, or the deterministic mode."""
+        raise NotImplementedError
+
+    def learn(self, batch: Batch) -> dict[str, torch.Tensor]:
+        """One update on a batch of normalised observations; returns detached scalar tensors."""
+        raise NotImplementedError
+
+    @torch.inference_mode()
+    def act(self, obs: np.ndarray, deterministic: bool = False) -> np.ndarray:
+        """Actions for a batch of raw observations (B, obs_dim) -> (B, action_dim)."""
+        obs_t = self.obs_norm(torch.as_tensor(obs, dtype=torch.float32, device=self.action_low.device))
+        return self.policy(obs_t, deterministic).cpu().numpy()
+
+    def update(self, batch: Batch) -> dict[str, torch.Tensor]:
+        if self.config.normalize_obs:
+            batch = batch._replace(obs=self.obs_norm(batch.obs), next_obs=self.obs_norm(batch.next_obs))
+        losses = self.learn(batch)
+        self.num_updates += 1
+        return losses
+
+    def critic_step(self, batch: Batch, target: torch.Tensor) -> dict[str, torch.Tensor]:
+        """One optimiser step of every critic towards `target` (B,): the sum of their MSEs."""
+        q_values = self.critic(batch.obs, batch.actions)  # (E, B)
+        critic_loss = (q_values - target).pow(2).mean(dim=1).sum()
+        self.optimizers["critic"].zero_grad(set_to_none=True)
+        critic_loss.backward()
+        self.optimizers["critic"].step()
+        return {"losses/qf_loss": critic_loss.detach() / q_values.shape[0], "losses/qf_values": q_values.detach().mean()}
+
+    def training_state(self) -> dict:
+        """Networks, optimisers and the update counter: everything to continue training."""
+        return {
+            "networks": self.state_dict(),
+            "optimizers": {name: opt.state_dict() for name, opt in self.optimizers.items()},
+            "num_updates": self.num_updates,
+        }
+
+    def load_training_state(self, state: dict) -> None:
+        self.load_state_dict(state["networks"])
+        for name, optimizer in self.optimizers.items():
+            optimizer.load_state_dict(state["optimizers"][name])
+        self.num_updates = state["num_updates"]
+
+    def save(self, path: str | os.PathLike) -> None:
+        """Save networks (observation statistics included) and config: tensors and plain values only."""
+        save_checkpoint(Path(path), {
+            "algo": self.algo,
+            "config": dataclasses.asdict(self.config),
+            "obs_dim": self.obs_dim,
+            "networks": self.state_dict(),
+        })
+
+    @classmethod
+    def load(cls, path: str | os.PathLike, device: str = "cpu"):
+        state = load_checkpoint(path, cls.algo)
+        config = cls.config_cls(**state["config"])
+        networks = state["networks"]
+        agent = cls(state["obs_dim"], networks["action_low"].numpy(), networks["action_high"].numpy(), config)
+        agent.load_state_dict(networks)
+        return agent.to(device)
+
+
+def evaluate(agent: OffPolicyAgent, env_id: str, episodes: int = 10, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """Returns and costs of `episodes` episodes of the agent's deterministic policy."""
+    return evaluate_policy(lambda obs: agent.act(obs, deterministic=True), env_id, episodes, seed)
+
+
+def _start_run(config: OffPolicyConfig, algo: str, validate) -> tuple[OffPolicyConfig, Path | None, dict | None]:
+    """Validate a new config, or reload the config and checkpoint of an interrupted run."""
+    if config.resume is None:
+        validate(config)
+        return config, None, None
+    run_dir = Path(config.resume)
+    saved = load_run_config(run_dir, algo, type(config))
+    saved = dataclasses.replace(saved, hidden_sizes=tuple(saved.hidden_sizes), resume=str(run_dir), quiet=config.quiet)
+    validate(saved)
+    return saved, run_dir, load_checkpoint(run_dir / CHECKPOINT_FILE, algo)
+
+
+def train_off_policy(agent_cls: type[OffPolicyAgent], config: OffPolicyConfig, validate) -> TrainResult:
+    """Collect, update, log, evaluate and checkpoint until `total_timesteps` environment steps."""
+    algo = agent_cls.algo
+    config, run_dir, checkpoint = _start_run(config, algo, validate)
+    set_threads(config.threads)
+    seed_everything(config.seed)
+    global_step = 0 if checkpoint is None else checkpoint["global_step"]
+    # a resumed run starts fresh episodes: envs are reseeded from the step they resume at
+    env = make_vec_env(config.env_id, config.num_envs, config.seed + global_step, config.env_backend)
+    if not isinstance(env.single_action_space, gym.spaces.Box):
+        env.close()
+        raise ValueError(f"{algo.upper()} needs a continuous (Box) action space; {config.env_id!r} has "
+                         f"{env.single_action_space}. Use a discrete-action agent for it.")
+    if run_dir is None:  # a new run gets its directory once the env is known to work
+        run_dir = new_run_dir(config.runs_dir, config.env_id, algo, config.seed)
+        save_config(run_dir, algo, config)
+    obs_dim = int(np.prod(env.single_observation_space.shape))
+    low, high = env.single_action_space.low, env.single_action_space.high
+    agent = agent_cls(obs_dim, low, high, config).to(config.device)
+    buffer = ReplayBuffer(config.buffer_size, (obs_dim,), low.shape, config.num_envs, config.device,
+                          config.n_step, config.gamma, seed=config.seed)
+    action_rng = np.random.default_rng(config.seed)
+    if checkpoint is not None:
+        agent.load_training_state(checkpoint["agent"])
+        restore_rng_state(checkpoint["rng"], action_rng)
+        buffer.load(run_dir / BUFFER_FILE)
+
+    def write_checkpoint() -> None:
+        buffer.save(run_dir / BUFFER_FILE)
+        save_checkpoint(run_dir / CHECKPOINT_FILE, {
+            "algo": algo, "global_step": global_step, "agent": agent.training_state(), "rng": rng_state(action_rng),
+        })
+
+    def run_evaluation() -> tuple[np.ndarray, np.ndarray]:
+        returns, costs = evaluate(agent, config.env_id, config.eval_episodes, config.seed + 10_000)
+        logger.evaluation(global_step, returns, costs)
+        return returns, costs
+
+    logger = RunLogger(run_dir, resume_step=None if checkpoint is None else global_step)
+    bar = progress_bar(config.total_timesteps, global_step, config.quiet)
+    start_time, start_step = time.perf_counter(), global_step
+    recent_return, losses = float("nan"), {}
+    obs, _ = env.reset()
+    try:
+        while global_step < config.total_timesteps:
+            if config.normalize_obs:
+                agent.obs_norm.update(torch.as_tensor(obs))
+            if global_step < config.learning_starts:
+                actions = action_rng.uniform(low, high, (config.num_envs, *low.shape)).astype(np.float32)
+            else:
+                actions = agent.act(obs)
+            try:
+                next_obs, rewards, terminated, truncated, info = env.step(actions)
+            except FloatingPointError as err:
+                raise FloatingPointError(
+                    f"{err} (global step {global_step + config.num_envs}). Training stopped; the last checkpoint "
+                    f"in {run_dir} is kept (fix the environment, then --resume {run_dir})."
+                ) from None
+            buffer.add(obs, actions, rewards, info["final_obs"], terminated, truncated)
+            obs = next_obs
+            global_step += config.num_envs
+            bar.update(config.num_envs)
+            if "_episode" in info:
+                episode = info["episode"]
+                for i in np.flatnonzero(info["_episode"]):
+                    recent_return = float(episode["return"][i])
+                    logger.episode(global_step, recent_return, int(episode["length"][i]), float(episode["cost"][i]))
+                bar.set_postfix(ret=f"{recent_return:.1f}", refresh=False)
+
+            if global_step > config.learning_starts:
+                for _ in range(config.num_envs):
+                    losses = agent.update(buffer.sample(config.batch_size))
+            if global_step % config.log_freq < config.num_envs:
+                sps = (global_step - start_step) / (time.perf_counter() - start_time)
+                logger.scalars({**losses, "charts/SPS": sps}, global_step)
+                bar.set_postfix(ret=f"{recent_return:.1f}", sps=f"{sps:.0f}", refresh=False)
+            if global_step >= config.total_timesteps:
+                break  # the final evaluation and checkpoint follow the loop
+            if config.eval_freq and global_step % config.eval_freq < config.num_envs:
+                run_evaluation()
+            if global_step % config.checkpoint_freq < config.num_envs:
+                write_checkpoint()
+        returns, _ = run_evaluation()
+        write_checkpoint()
+        agent.save(run_dir / "model.pt")
+    finally:
+        bar.close()
+        logger.close()
+        env.close()
+    sps = (global_step - start_step) / (time.perf_counter() - start_time)
+    print(f"final evaluation return over {len(returns)} episodes: {returns.mean():.1f} ± {returns.std():.1f}")
+    print(f"run saved in {run_dir}; open the curves with: tensorboard --logdir {Path(config.runs_dir)}")
+    return TrainResult(run_dir=run_dir, global_step=global_step, final_eval_returns=returns, sps=sps)

@@ -1,0 +1,113 @@
+"""Twin Delayed DDPG (Fujimoto et al. 2018) with CleanRL's defaults.
+
+Run:     python -m keelrl.agents.td3 --env-id Hopper-v5
+Import:  from keelrl.agents.td3 import TD3, TD3Config, train, evaluate
+
+The algorithm, top to bottom:
+- a deterministic tanh actor explores with Gaussian noise of std `exploration_noise` × action scale;
+- twin Q critics (one batched ensemble) regress onto r + γ(1 − terminated) min Q_target(s', ã'), where
+  ã' is the target actor's action plus clipped Gaussian noise (target policy smoothing);
+- every `policy_frequency` critic updates, the actor ascends Q1(s, actor(s)) and the target actor
+  and critics follow by Polyak averaging with rate τ.
+The training loop (collect, store, update, log, evaluate, checkpoint) is in agents/off_policy.py.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+
+import numpy as np
+import torch
+
+from keelrl.agents.common import TrainResult, run_cli
+from keelrl.agents.off_policy import OffPolicyAgent, OffPolicyConfig, evaluate, train_off_policy, validate_off_policy
+from keelrl.buffers import Batch
+from keelrl.networks import CriticEnsemble, DeterministicActor
+
+__all__ = ["TD3", "TD3Config", "train", "evaluate"]
+
+
+@dataclasses.dataclass
+class TD3Config(OffPolicyConfig):
+    learning_starts: int = 25_000
+    """environment steps of uniform random actions before learning starts"""
+    learning_rate: float = 3e-4
+    """actor and critic learning rate"""
+    policy_noise: float = 0.2
+    """std of the target policy smoothing noise, in units of the action scale"""
+    noise_clip: float = 0.5
+    """the smoothing noise is clipped to ±noise_clip (action-scale units)"""
+    exploration_noise: float = 0.1
+    """std of the exploration noise, in units of the action scale"""
+
+
+def validate(config: TD3Config) -> None:
+    validate_off_policy(config)
+    for name in ("learning_rate", "policy_noise", "noise_clip", "exploration_noise"):
+        if getattr(config, name) < 0:
+            raise ValueError(f"--{name.replace('_', '-')} must be non-negative, got {getattr(config, name)}.")
+
+
+class TD3(OffPolicyAgent):
+    """The TD3 networks and update rule; takes raw observations (normalised inside when configured)."""
+
+    algo = "td3"
+    config_cls = TD3Config
+
+    def __init__(self, obs_dim: int, action_low: np.ndarray, action_high: np.ndarray, config: TD3Config):
+        super().__init__(obs_dim, action_low, action_high, config)
+        self.actor = DeterministicActor(obs_dim, action_low, action_high, config.hidden_sizes)
+        self.actor_target = copy.deepcopy(self.actor).requires_grad_(False)
+        action_dim = self.actor.action_scale.numel()
+        self.critic = CriticEnsemble(obs_dim, action_dim, config.hidden_sizes, config.num_critics)
+        self.critic_target = copy.deepcopy(self.critic).requires_grad_(False)
+        self.optimizers = {
+            "actor": torch.optim.Adam(self.actor.parameters(), lr=config.learning_rate),
+            "critic": torch.optim.Adam(self.critic.parameters(), lr=config.learning_rate),
+        }
+        self._online_params = [*self.actor.parameters(), *self.critic.parameters()]
+        self._target_params = [*self.actor_target.parameters(), *self.critic_target.parameters()]
+
+    def policy(self, obs: torch.Tensor, deterministic: bool) -> torch.Tensor:
+        actions = self.actor(obs)
+        if deterministic:
+            return actions
+        noise = torch.randn_like(actions) * (self.actor.action_scale * self.config.exploration_noise)
+        return torch.clamp(actions + noise, self.action_low, self.action_high)
+
+    def learn(self, batch: Batch) -> dict[str, torch.Tensor]:
+        """One critic step; every `policy_frequency` updates, one actor step and the target updates."""
+        losses = self._update_critic(batch)
+        if (self.num_updates + 1) % self.config.policy_frequency == 0:
+            losses["losses/actor_loss"] = self._update_actor(batch.obs)
+            with torch.no_grad():
+                torch._foreach_lerp_(self._target_params, self._online_params, self.config.tau)
+        return losses
+
+    def _update_critic(self, batch: Batch) -> dict[str, torch.Tensor]:
+        with torch.no_grad():
+            noise = torch.randn_like(batch.actions) * self.config.policy_noise
+            noise = noise.clamp(-self.config.noise_clip, self.config.noise_clip) * self.actor.action_scale
+            next_actions = torch.clamp(self.actor_target(batch.next_obs) + noise, self.action_low, self.action_high)
+            next_q = self.critic_target(batch.next_obs, next_actions).min(dim=0).values  # (E, B) -> (B,)
+            target = batch.rewards + batch.discounts * (1.0 - batch.terminated) * next_q
+        return self.critic_step(batch, target)
+
+    def _update_actor(self, obs: torch.Tensor) -> torch.Tensor:
+        self.critic.requires_grad_(False)  # the actor loss needs gradients w.r.t. actions only
+        actor_loss = -self.critic(obs, self.actor(obs))[0].mean()  # Q1, as in the TD3 paper
+        self.critic.requires_grad_(True)
+        self.optimizers["actor"].zero_grad(set_to_none=True)
+        actor_loss.backward()
+        self.optimizers["actor"].step()
+        return actor_loss.detach()
+
+
+def train(config: TD3Config) -> TrainResult:
+    """Train TD3 until `config.total_timesteps` environment steps (see agents/off_policy.py)."""
+    return train_off_policy(TD3, config, validate)
+
+
+if __name__ == "__main__":
+    raise SystemExit(run_cli(train, TD3Config))
