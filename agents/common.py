@@ -36,7 +36,9 @@ class TrainResult:
     final_eval_returns: np.ndarray
     """Undiscounted return of each final evaluation episode."""
     sps: float
-    """Environment steps per second over the whole run."""
+    """Environment steps per second of the training loop (evaluations and checkpoints in it included)."""
+    update_sps: float
+    """Environment steps per second once updates began (NaN if they never did)."""
 
     @property
     def final_eval_return(self) -> float:

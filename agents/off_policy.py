@@ -255,6 +255,7 @@ def train_off_policy(agent_cls: type[OffPolicyAgent], config: OffPolicyConfig, v
     logger = RunLogger(run_dir, resume_step=None if checkpoint is None else global_step)
     bar = progress_bar(config.total_timesteps, global_step, config.quiet)
     start_time, start_step = time.perf_counter(), global_step
+    update_start: tuple[float, int] | None = None  # (time, step) when updates began in this process
     recent_return, losses = float("nan"), {}
     obs, _ = env.reset()
     try:
@@ -284,6 +285,8 @@ def train_off_policy(agent_cls: type[OffPolicyAgent], config: OffPolicyConfig, v
                 bar.set_postfix(ret=f"{recent_return:.1f}", refresh=False)
 
             if global_step > config.learning_starts:
+                if update_start is None:
+                    update_start = (time.perf_counter(), global_step)
                 for _ in range(config.num_envs):
                     losses = agent.update(buffer.sample(config.batch_size))
             if global_step % config.log_freq < config.num_envs:
@@ -296,6 +299,7 @@ def train_off_policy(agent_cls: type[OffPolicyAgent], config: OffPolicyConfig, v
                 run_evaluation()
             if global_step % config.checkpoint_freq < config.num_envs:
                 write_checkpoint()
+        loop_end = time.perf_counter()
         returns, _ = run_evaluation()
         write_checkpoint()
         agent.save(run_dir / "model.pt")
@@ -303,7 +307,10 @@ def train_off_policy(agent_cls: type[OffPolicyAgent], config: OffPolicyConfig, v
         bar.close()
         logger.close()
         env.close()
-    sps = (global_step - start_step) / (time.perf_counter() - start_time)
+    sps = (global_step - start_step) / (loop_end - start_time)
+    update_sps = float("nan") if update_start is None else (global_step - update_start[1]) / (loop_end - update_start[0])
     print(f"final evaluation return over {len(returns)} episodes: {returns.mean():.1f} ± {returns.std():.1f}")
+    print(f"steps/s: {sps:.1f} overall, {update_sps:.1f} while updating")
     print(f"run saved in {run_dir}; open the curves with: tensorboard --logdir {Path(config.runs_dir)}")
-    return TrainResult(run_dir=run_dir, global_step=global_step, final_eval_returns=returns, sps=sps)
+    return TrainResult(run_dir=run_dir, global_step=global_step, final_eval_returns=returns, sps=sps,
+                       update_sps=update_sps)
