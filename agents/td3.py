@@ -96,7 +96,7 @@ class TD3(OffPolicyAgent):
 
     def _update_actor(self, obs: torch.Tensor) -> torch.Tensor:
         self.critic.requires_grad_(False)  # the actor loss needs gradients w.r.t. actions only
-        actor_loss = -self.critic(obs, self.actor(obs))[0].mean()  # Q1, as in the TD3 paper
+        actor_loss = -self.critic(obs, self.actor(obs), members=slice(0, 1)).mean()  # Q1 only, as in the TD3 paper
         self.critic.requires_grad_(True)
         self.optimizers["actor"].zero_grad(set_to_none=True)
         actor_loss.backward()

@@ -1,9 +1,21 @@
-"""keelrl.networks: MLPs, batched ensembles, actors and critics."""
+"""keelrl.networks: MLPs, batched ensembles, actors and critics, SimBa/SimbaV2 encoders, value heads."""
 
 from keelrl.networks.actors import DeterministicActor, TanhGaussianActor
 from keelrl.networks.critics import CriticEnsemble
+from keelrl.networks.heads import C51Head, CategoricalHead, HLGaussHead, ScalarHead, ValueHead
 from keelrl.networks.mlp import EnsembleLinear, EnsembleMLP, mlp
 from keelrl.networks.normalization import RunningObsNorm
+from keelrl.networks.simba import SimbaActor, SimbaCritic, SimbaDeterministicActor, SimbaEncoder
+from keelrl.networks.simbav2 import (
+    RewardScaler,
+    SimbaV2Actor,
+    SimbaV2Critic,
+    SimbaV2DeterministicActor,
+    SimbaV2Encoder,
+)
 
 __all__ = ["mlp", "EnsembleLinear", "EnsembleMLP", "CriticEnsemble", "TanhGaussianActor", "DeterministicActor",
-           "RunningObsNorm"]
+           "RunningObsNorm",
+           "ValueHead", "ScalarHead", "CategoricalHead", "C51Head", "HLGaussHead",
+           "SimbaEncoder", "SimbaCritic", "SimbaActor", "SimbaDeterministicActor",
+           "SimbaV2Encoder", "SimbaV2Critic", "SimbaV2Actor", "SimbaV2DeterministicActor", "RewardScaler"]

@@ -16,6 +16,7 @@ class CriticEnsemble(nn.Module):
         self.num_critics = num_critics
         self.net = EnsembleMLP(num_critics, obs_dim + action_dim, hidden_sizes, 1)
 
-    def forward(self, obs: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
+    def forward(self, obs: torch.Tensor, actions: torch.Tensor, members: slice = slice(None)) -> torch.Tensor:
+        """Q-values of the chosen critics (all by default): (E', B)."""
         x = torch.cat([obs, actions], dim=-1)  # (B, obs_dim + action_dim)
-        return self.net(x).squeeze(-1)  # (E, B, 1) -> (E, B)
+        return self.net(x, members).squeeze(-1)  # (E', B, 1) -> (E', B)

@@ -39,10 +39,12 @@ class EnsembleLinear(nn.Module):
         self.weight = nn.Parameter(torch.empty(num_members, in_features, out_features).uniform_(-bound, bound))
         self.bias = nn.Parameter(torch.empty(num_members, 1, out_features).uniform_(-bound, bound))
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, members: slice = slice(None)) -> torch.Tensor:
+        """Evaluate the chosen members only (all by default): (B, in) or (E', B, in) -> (E', B, out)."""
+        weight, bias = self.weight[members], self.bias[members]
         if x.dim() == 2:
-            x = x.expand(self.weight.shape[0], *x.shape)  # (B, in) -> (E, B, in), no copy
-        return torch.baddbmm(self.bias, x, self.weight)
+            x = x.expand(weight.shape[0], *x.shape)  # (B, in) -> (E', B, in), no copy
+        return torch.baddbmm(bias, x, weight)
 
     def extra_repr(self) -> str:
         members, fan_in, fan_out = self.weight.shape
@@ -65,7 +67,7 @@ class EnsembleMLP(nn.Module):
         self.layers = nn.ModuleList(EnsembleLinear(num_members, a, b) for a, b in zip(sizes[:-1], sizes[1:]))
         self.activation = activation()
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, members: slice = slice(None)) -> torch.Tensor:
         for layer in self.layers[:-1]:
-            x = self.activation(layer(x))
-        return self.layers[-1](x)
+            x = self.activation(layer(x, members))
+        return self.layers[-1](x, members)

@@ -91,3 +91,10 @@ def test_running_obs_norm_matches_numpy_on_a_stream():
     expected = (everything[:5] - everything.mean(0)) / np.sqrt(everything.var(0) + 1e-8)
     np.testing.assert_allclose(norm(x).numpy(), expected, rtol=1e-5, atol=1e-5)
     assert norm(torch.full((1, 6), 1e6)).max() == 10.0  # clipped
+
+
+def test_ensemble_evaluates_a_subset_of_members():
+    critic = CriticEnsemble(obs_dim=5, action_dim=2, hidden_sizes=(16,), num_critics=3)
+    obs, actions = torch.randn(4, 5), torch.randn(4, 2)
+    torch.testing.assert_close(critic(obs, actions, members=slice(0, 1)), critic(obs, actions)[:1])
+    torch.testing.assert_close(critic(obs, actions, members=slice(1, 3)), critic(obs, actions)[1:])

@@ -1,0 +1,282 @@
+"""SimBa and SimbaV2: ensembles equal separate members, the block structure, unit-norm weights, reward scaling."""
+
+import io
+import math
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from keelrl.networks import (
+    C51Head,
+    DeterministicActor,
+    RewardScaler,
+    RunningObsNorm,
+    SimbaActor,
+    SimbaCritic,
+    SimbaDeterministicActor,
+    SimbaEncoder,
+    SimbaV2Actor,
+    SimbaV2Critic,
+    SimbaV2DeterministicActor,
+    SimbaV2Encoder,
+    TanhGaussianActor,
+)
+from keelrl.networks.mlp import EnsembleLinear
+from keelrl.networks.simba import EnsembleLayerNorm
+from keelrl.networks.simbav2 import HyperLinear, HyperPredictor
+
+OBS_DIM, ACTION_DIM = 5, 2
+LOW, HIGH = np.array([-1.0, 0.0]), np.array([1.0, 2.0])
+
+
+def unit_row_error(module: nn.Module) -> float:
+    """Largest |‖row‖ − 1| over every HyperLinear weight row in `module`."""
+    weights = [m.weight for m in module.modules() if isinstance(m, HyperLinear)]
+    return max((torch.linalg.vector_norm(w, dim=-1) - 1).abs().max().item() for w in weights)
+
+
+def test_obs_normaliser_statistics_match_numpy_on_a_stream():
+    """SimBa normalises observations with the agent's RunningObsNorm, updated batch by batch while acting."""
+    rng = np.random.default_rng(0)
+    stream = [rng.normal(3.0, [1.0, 5.0, 0.1], size=(n, 3)) for n in (1, 4, 4, 7, 1, 16)]
+    norm = RunningObsNorm(3)
+    for batch in stream:
+        norm.update(torch.as_tensor(batch))
+    seen = np.concatenate(stream)
+    np.testing.assert_allclose(norm.mean.numpy(), seen.mean(0), rtol=1e-12)
+    np.testing.assert_allclose(norm.var.numpy(), seen.var(0), rtol=1e-10)
+    obs = torch.as_tensor(seen[:3], dtype=torch.float32)
+    expected = (seen[:3] - seen.mean(0)) / np.sqrt(seen.var(0) + 1e-8)
+    np.testing.assert_allclose(norm(obs).numpy(), expected, rtol=1e-5, atol=1e-5)
+
+
+def copy_simba_member(single: nn.Module, ensemble: nn.Module, k: int) -> None:
+    """Load member k of a SimBa ensemble into the same network built without members."""
+    with torch.no_grad():
+        for s, e in zip(single.modules(), ensemble.modules()):
+            if isinstance(e, EnsembleLinear):
+                s.weight.copy_(e.weight[k].T)  # (in, out) -> nn.Linear's (out, in)
+                s.bias.copy_(e.bias[k, 0])
+            elif isinstance(e, EnsembleLayerNorm):
+                s.weight.copy_(e.weight[k, 0])
+                s.bias.copy_(e.bias[k, 0])
+
+
+def test_simba_critic_members_equal_separate_networks():
+    torch.manual_seed(0)
+    critic = SimbaCritic(OBS_DIM, ACTION_DIM, hidden_dim=16, num_blocks=2, num_critics=3, num_outputs=4)
+    obs, actions = torch.randn(6, OBS_DIM), torch.randn(6, ACTION_DIM)
+    out = critic(obs, actions)
+    assert out.shape == (3, 6, 4)
+    for k in range(3):
+        single = nn.ModuleDict({"encoder": SimbaEncoder(OBS_DIM + ACTION_DIM, 16, 2), "output": nn.Linear(16, 4)})
+        copy_simba_member(single, critic, k)
+        x = torch.cat([obs, actions], -1)
+        torch.testing.assert_close(single["output"](single["encoder"](x)), out[k])
+    assert not torch.allclose(out[0], out[1])  # members are initialised independently
+
+
+def test_simba_encoder_structure():
+    torch.manual_seed(0)
+    encoder = SimbaEncoder(OBS_DIM, 32, num_blocks=2)
+    embed, *blocks, final_norm = encoder.net
+    # orthogonal embedding (columns orthonormal for in < d), zero biases
+    torch.testing.assert_close(embed.weight.T @ embed.weight, torch.eye(OBS_DIM), atol=1e-5, rtol=0)
+    assert not embed.bias.any()
+    x = torch.randn(8, OBS_DIM)
+    features = encoder(x)
+    torch.testing.assert_close(features.mean(-1), torch.zeros(8), atol=1e-5, rtol=0)  # final LayerNorm
+    with torch.no_grad():
+        for block in blocks:
+            block.mlp[-1].weight.zero_()  # each block's residual branch now adds nothing
+    torch.testing.assert_close(encoder(x), final_norm(embed(x)))
+    ln, up, _, down = blocks[0].mlp
+    h = torch.randn(8, 32)
+    torch.testing.assert_close(blocks[0](h), h + down(F.relu(up(ln(h)))))
+    assert up.out_features == 4 * 32
+
+
+def test_simba_ensemble_takes_per_member_inputs():
+    encoder = SimbaEncoder(OBS_DIM, 8, num_blocks=1, num_members=2)
+    x = torch.randn(2, 4, OBS_DIM)
+    torch.testing.assert_close(encoder(x)[1], encoder(x[1])[1])
+
+
+def test_simbav2_critic_members_equal_separate_networks():
+    torch.manual_seed(0)
+    critic = SimbaV2Critic(OBS_DIM, ACTION_DIM, hidden_dim=16, num_blocks=2, num_critics=2, num_outputs=11)
+    obs, actions = torch.randn(6, OBS_DIM), torch.randn(6, ACTION_DIM)
+    out = critic(obs, actions)
+    assert out.shape == (2, 6, 11)
+    params = dict(critic.named_parameters())
+    for k in range(2):
+        single = nn.ModuleDict({"encoder": SimbaV2Encoder(OBS_DIM + ACTION_DIM, 16, 2), "output": HyperPredictor(16, 11)})
+        with torch.no_grad():
+            for name, p in single.named_parameters():
+                p.copy_(params[name][k].reshape(p.shape))  # (E, out, in) / (E, 1, d) -> member k
+        torch.testing.assert_close(single["output"](single["encoder"](torch.cat([obs, actions], -1))), out[k])
+    assert not torch.allclose(out[0], out[1])
+
+
+def test_simbav2_initialisation_follows_the_reference():
+    critic = SimbaV2Critic(OBS_DIM, ACTION_DIM, hidden_dim=16, num_blocks=3, num_critics=2, num_outputs=11)
+    assert unit_row_error(critic) < 1e-5
+    assert [name for name, _ in critic.named_parameters() if "bias" in name] == ["output.bias"]
+    embedding, block = critic.encoder.net[0], critic.encoder.net[1]
+
+    def effective(scaler):
+        return (scaler.scaler * scaler.forward_multiplier).detach()
+
+    torch.testing.assert_close(effective(embedding.scaler), torch.full((2, 1, 16), math.sqrt(2 / 16)))
+    torch.testing.assert_close(effective(block.up_scaler), torch.full((2, 1, 64), math.sqrt(2 / 64)))
+    torch.testing.assert_close(effective(block.alpha), torch.full((2, 1, 16), 1 / 4))  # 1 / (blocks + 1)
+    torch.testing.assert_close(block.alpha.scaler.detach(), torch.full((2, 1, 16), 1 / math.sqrt(16)))
+    torch.testing.assert_close(effective(critic.output.net[1]), torch.ones(2, 1, 16))
+
+
+def test_simbav2_embedding_appends_the_shift_and_keeps_features_on_the_sphere():
+    torch.manual_seed(0)
+    encoder = SimbaV2Encoder(OBS_DIM, 16, num_blocks=2)
+    embedding = encoder.net[0]
+    x = torch.randn(4, OBS_DIM)
+    shifted = torch.cat([x, torch.full((4, 1), 3.0)], -1)
+    shifted = shifted / shifted.norm(dim=-1, keepdim=True)
+    hidden = (shifted @ embedding.linear.weight.T) * math.sqrt(2 / 16)
+    torch.testing.assert_close(embedding(x), hidden / hidden.norm(dim=-1, keepdim=True))
+    assert not torch.allclose(embedding(x), embedding(2 * x))  # the shift keeps the input's magnitude
+    torch.testing.assert_close(encoder(x).norm(dim=-1), torch.ones(4))
+
+
+def test_simbav2_weight_rows_are_unit_after_a_training_update():
+    torch.manual_seed(0)
+    head = C51Head(-5.0, 5.0, 21)
+    critic = SimbaV2Critic(OBS_DIM, ACTION_DIM, hidden_dim=32, num_blocks=1, num_outputs=head.num_outputs)
+    optimizer = torch.optim.Adam(critic.parameters(), lr=1e-2)
+    obs, actions = torch.randn(64, OBS_DIM), torch.rand(64, ACTION_DIM)
+    target = obs.sum(-1).clamp(-4.5, 4.5)  # a toy regression onto two-hot targets
+    losses = []
+    for _ in range(30):
+        loss = head.loss(critic(obs, actions), target).mean()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        assert unit_row_error(critic) > 1e-3  # the Adam step moved rows off the sphere
+        scalers = [p.clone() for name, p in critic.named_parameters() if "scaler" in name or "bias" in name]
+        critic.project_weights()
+        assert unit_row_error(critic) < 1e-5
+        after = [p for name, p in critic.named_parameters() if "scaler" in name or "bias" in name]
+        assert all(torch.equal(a, b) for a, b in zip(scalers, after))  # only HyperLinear weights are projected
+        losses.append(loss.item())
+    assert losses[-1] < 0.6 * losses[0]
+
+
+@pytest.mark.parametrize(
+    "actor_cls, parent",
+    [
+        (SimbaActor, TanhGaussianActor),
+        (SimbaV2Actor, TanhGaussianActor),
+        (SimbaDeterministicActor, DeterministicActor),
+        (SimbaV2DeterministicActor, DeterministicActor),
+    ],
+)
+def test_actors_swap_in_for_mlp_actors(actor_cls, parent):
+    torch.manual_seed(0)
+    actor = actor_cls(OBS_DIM, LOW, HIGH, hidden_dim=16)
+    assert isinstance(actor, parent)
+    obs = torch.randn(32, OBS_DIM)
+    if parent is TanhGaussianActor:
+        actions, log_prob = actor.sample(obs)
+        assert log_prob.shape == (32,) and torch.isfinite(log_prob).all()
+        mean, log_std = actor(obs)
+        assert (log_std >= actor.log_std_min).all() and (log_std <= actor.log_std_max).all()
+        torch.testing.assert_close(actor.act(obs, deterministic=True), torch.tanh(mean) * actor.action_scale + actor.action_bias)
+        loss = log_prob.mean() - actions.sum()
+    else:
+        actions = actor(obs)
+        loss = actions.sum()
+    assert actions.shape == (32, ACTION_DIM)
+    assert (actions >= torch.tensor(LOW, dtype=torch.float32)).all() and (actions <= torch.tensor(HIGH, dtype=torch.float32)).all()
+    loss.backward()
+    assert all(p.grad is not None for p in actor.parameters())
+    if hasattr(actor, "project_weights"):
+        torch.optim.Adam(actor.parameters(), lr=1e-2).step()
+        actor.project_weights()
+        assert unit_row_error(actor) < 1e-5
+
+
+def test_simba_critic_feeds_value_heads():
+    head = C51Head(-5.0, 5.0, 11)
+    critic = SimbaCritic(OBS_DIM, ACTION_DIM, hidden_dim=8, num_blocks=1, num_outputs=head.num_outputs)
+    logits = critic(torch.randn(4, OBS_DIM), torch.randn(4, ACTION_DIM))
+    assert head.value(logits).shape == (2, 4)
+    head.loss(logits, torch.zeros(4)).mean().backward()
+    assert all(p.grad is not None for p in critic.parameters())
+
+
+def test_reward_scaler_by_hand():
+    scaler = RewardScaler(gamma=0.5, num_envs=1, v_max=2.0)
+    assert scaler.denominator().item() == pytest.approx(1.0)  # no statistics yet: rewards unchanged
+    # G = 1: std 0, max|G| / v_max = 0.5
+    scaler.update(np.array([1.0]), np.array([False]))
+    assert scaler.denominator().item() == pytest.approx(0.5)
+    torch.testing.assert_close(scaler(torch.tensor([1.0, -3.0])), torch.tensor([2.0, -6.0]))
+    # G = 0.5 * 1 + 2 = 2.5 (episode ends): G values {1, 2.5} have std 0.75; 2.5 / 2 = 1.25 wins
+    scaler.update(np.array([2.0]), np.array([True]))
+    assert scaler.denominator().item() == pytest.approx(1.25)
+    assert scaler.returns.item() == 0.0  # reset after the episode's last step
+    # G = 4: G values {1, 2.5, 4} have std sqrt(1.5) ≈ 1.22; 4 / 2 = 2 wins
+    scaler.update(np.array([4.0]), np.array([False]))
+    assert scaler.denominator().item() == pytest.approx(2.0)
+    scaler.v_max = 5.0  # now the std wins: 4 / 5 < sqrt(1.5)
+    assert scaler.denominator().item() == pytest.approx(math.sqrt(1.5 + 1e-8))
+
+
+def test_reward_scaler_keeps_one_trace_per_env():
+    rng = np.random.default_rng(0)
+    rewards, dones = rng.normal(size=(30, 3)), rng.random((30, 3)) < 0.2
+    scaler = RewardScaler(gamma=0.9, num_envs=3)
+    trace, seen = np.zeros(3), []
+    for r, d in zip(rewards, dones):
+        scaler.update(r, d)
+        trace = 0.9 * trace + r
+        seen.append(trace.copy())
+        trace[d] = 0.0
+    seen = np.concatenate(seen)
+    expected = max(np.sqrt(seen.var() + 1e-8), np.abs(seen).max() / 5.0)
+    assert scaler.denominator().item() == pytest.approx(expected, rel=1e-10)
+
+
+def test_reward_scaler_state_dict_round_trip():
+    scaler = RewardScaler(gamma=0.99, num_envs=2)
+    for step in range(5):
+        scaler.update(np.array([1.0, -2.0 * step]), np.array([step == 2, False]))
+    state = scaler.state_dict()
+    assert all(isinstance(value, torch.Tensor) for value in state.values())
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    buffer.seek(0)
+    restored = RewardScaler(gamma=0.99, num_envs=2)
+    restored.load_state_dict(torch.load(buffer, weights_only=True))
+    for s in (scaler, restored):
+        s.update(np.array([0.5, 3.0]), np.array([False, True]))
+    assert restored.denominator().item() == scaler.denominator().item()
+    torch.testing.assert_close(restored.returns, scaler.returns)
+
+
+@pytest.mark.parametrize(
+    "make, message",
+    [
+        (lambda: SimbaEncoder(OBS_DIM, 0, 1), "hidden_dim"),
+        (lambda: SimbaV2Encoder(OBS_DIM, 8, -1), "num_blocks"),
+        (lambda: SimbaV2Critic(OBS_DIM, ACTION_DIM, 8, 1, num_critics=0), "critics"),
+        (lambda: RewardScaler(gamma=1.5, num_envs=1), "--gamma"),
+        (lambda: RewardScaler(gamma=0.99, num_envs=0), "--num-envs"),
+        (lambda: RewardScaler(gamma=0.99, num_envs=1, v_max=0.0), "--v-max"),
+    ],
+)
+def test_bad_arguments_raise_value_error(make, message):
+    with pytest.raises(ValueError, match=message):
+        make()
