@@ -37,9 +37,11 @@ class SACConfig(OffPolicyConfig):
     target_network_frequency: int = 1
     """critic updates between target network updates"""
     alpha: float = 0.2
-    """entropy coefficient (initial value when autotuned)"""
+    """entropy coefficient when not autotuned"""
     autotune: bool = True
-    """tune the entropy coefficient so the policy entropy tracks target_entropy_scale * |A|"""
+    """tune the entropy coefficient, from 1.0 as CleanRL does, so the policy entropy tracks the target"""
+    alpha_init: float = 1.0
+    """initial entropy coefficient when autotuned"""
     target_entropy_scale: float = -1.0
     """target entropy = target_entropy_scale * action dimension"""
 
@@ -48,8 +50,8 @@ def validate(config: SACConfig) -> None:
     validate_off_policy(config)
     if config.target_network_frequency < 1:
         raise ValueError(f"--target-network-frequency must be positive, got {config.target_network_frequency}.")
-    if config.alpha <= 0:
-        raise ValueError(f"--alpha must be positive, got {config.alpha}.")
+    if config.alpha <= 0 or config.alpha_init <= 0:
+        raise ValueError(f"--alpha and --alpha-init must be positive, got {config.alpha} and {config.alpha_init}.")
 
 
 class SAC(OffPolicyAgent):
@@ -64,7 +66,8 @@ class SAC(OffPolicyAgent):
         action_dim = self.actor.action_scale.numel()
         self.critic = CriticEnsemble(obs_dim, action_dim, config.hidden_sizes, config.num_critics)
         self.critic_target = copy.deepcopy(self.critic).requires_grad_(False)
-        self.log_alpha = nn.Parameter(torch.tensor(float(np.log(config.alpha))), requires_grad=config.autotune)
+        initial_alpha = config.alpha_init if config.autotune else config.alpha
+        self.log_alpha = nn.Parameter(torch.tensor(float(np.log(initial_alpha))), requires_grad=config.autotune)
         self.target_entropy = config.target_entropy_scale * action_dim
         self.optimizers = {
             "actor": torch.optim.Adam(self.actor.parameters(), lr=config.policy_lr),
