@@ -8,11 +8,12 @@ update, log, evaluate, checkpoint, until the step budget.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import os
 import time
 from pathlib import Path
-from typing import ClassVar
+from typing import Any, ClassVar, Literal
 
 import gymnasium as gym
 import numpy as np
@@ -39,7 +40,24 @@ from keelrl.agents.common import (
 )
 from keelrl.buffers import Batch, ReplayBuffer
 from keelrl.envs import make_vec_env
-from keelrl.networks import RunningObsNorm
+from keelrl.networks import (
+    C51Head,
+    CategoricalHead,
+    CriticEnsemble,
+    DeterministicActor,
+    HLGaussHead,
+    RewardScaler,
+    RunningObsNorm,
+    ScalarHead,
+    SimbaActor,
+    SimbaCritic,
+    SimbaDeterministicActor,
+    SimbaV2Actor,
+    SimbaV2Critic,
+    SimbaV2DeterministicActor,
+    TanhGaussianActor,
+    ValueHead,
+)
 
 
 @dataclasses.dataclass
@@ -67,9 +85,40 @@ class OffPolicyConfig:
     policy_frequency: int = 2
     """critic updates per actor update (delayed policy updates)"""
     hidden_sizes: tuple[int, ...] = (256, 256)
-    """hidden layer sizes of actor and critics"""
+    """hidden layer sizes of actor and critics (--network mlp)"""
     num_critics: int = 2
-    """critics in the ensemble; targets take their minimum"""
+    """critics in the ensemble; targets take the one with the smallest value"""
+    network: Literal["mlp", "simba", "simbav2"] = "mlp"
+    """actor and critic architecture: plain MLPs, SimBa (residual, LayerNorm) or SimbaV2 (hyperspherical)"""
+    actor_hidden_dim: int = 128
+    """SimBa/SimbaV2 actor width"""
+    actor_num_blocks: int = 1
+    """SimBa/SimbaV2 actor residual blocks"""
+    critic_hidden_dim: int = 512
+    """SimBa/SimbaV2 critic width"""
+    critic_num_blocks: int = 2
+    """SimBa/SimbaV2 critic residual blocks"""
+    critic_head: Literal["scalar", "c51", "hlgauss"] = "scalar"
+    """critic output: a scalar (MSE), or a categorical distribution trained by cross-entropy against the C51
+    projection of the target distribution or the HL-Gauss histogram of the scalar target"""
+    v_min: float | None = None
+    """lowest value of a categorical critic's support (with --scale-rewards: -5 by default)"""
+    v_max: float | None = None
+    """highest value of a categorical critic's support (with --scale-rewards: 5 by default)"""
+    num_bins: int = 101
+    """bins (atoms) of a categorical critic"""
+    scale_rewards: bool = False
+    """divide rewards by SimbaV2's running scale of the discounted return, so returns stay within ±v_max"""
+    utd: int = 1
+    """gradient updates per environment step (update-to-data ratio)"""
+    optimizer: Literal["adam", "adamw"] = "adam"
+    """optimiser of every network"""
+    weight_decay: float = 0.0
+    """decoupled weight decay (--optimizer adamw)"""
+    final_lr_fraction: float = 1.0
+    """learning rates decay linearly over the run to this fraction of their start (1: constant)"""
+    preset: Literal["simba", "simbav2"] | None = None
+    """the SimBa or SimbaV2 paper's settings in one flag; an explicit option that contradicts it is refused"""
     n_step: int = 1
     """n-step returns from the replay buffer"""
     normalize_obs: bool = False
@@ -111,18 +160,76 @@ def validate_off_policy(config: OffPolicyConfig) -> None:
         raise ValueError("Clipped double-Q takes the minimum over at least 2 critics: --num-critics must be >= 2.")
     if config.device.startswith("cuda") and not torch.cuda.is_available():
         raise ValueError(f"--device {config.device}: torch sees no CUDA GPU on this machine; use --device cpu.")
+    if config.utd < 1:
+        raise ValueError(f"--utd (updates per environment step) must be at least 1, got {config.utd}.")
+    if config.weight_decay < 0 or not 0.0 < config.final_lr_fraction <= 1.0:
+        raise ValueError("--weight-decay must be non-negative and --final-lr-fraction in (0, 1].")
+    if config.critic_head != "scalar":
+        if config.v_min is None or config.v_max is None:
+            raise ValueError(f"--critic-head {config.critic_head} needs a support: give --v-min and --v-max (the range "
+                             f"of returns), or --scale-rewards, which fits returns into [-5, 5].")
+        CategoricalHead.check_range(config.v_min, config.v_max, config.num_bins)
+
+
+def apply_preset(config: OffPolicyConfig, presets: dict[str, dict[str, Any]]) -> OffPolicyConfig:
+    """The config with `config.preset`'s settings; an option set to a third value (neither its
+    default nor the preset's) is a contradiction and is refused."""
+    if config.preset is None:
+        return config
+    defaults = type(config)()
+    for name, value in presets[config.preset].items():
+        given = getattr(config, name)
+        if given != value and given != getattr(defaults, name):
+            raise ValueError(f"--preset {config.preset} sets --{name.replace('_', '-')} {value}, but "
+                             f"--{name.replace('_', '-')} {given} was also given: drop one of them.")
+    config = dataclasses.replace(config, **presets[config.preset])
+    if config.scale_rewards and config.critic_head != "scalar":
+        config = dataclasses.replace(config, v_min=-5.0 if config.v_min is None else config.v_min,
+                                     v_max=5.0 if config.v_max is None else config.v_max)
+    return config
+
+
+def build_head(config: OffPolicyConfig) -> ValueHead:
+    if config.critic_head == "c51":
+        return C51Head(config.v_min, config.v_max, config.num_bins)
+    if config.critic_head == "hlgauss":
+        return HLGaussHead(config.v_min, config.v_max, config.num_bins)
+    return ScalarHead()
+
+
+def build_critic(config: OffPolicyConfig, obs_dim: int, action_dim: int, num_outputs: int) -> nn.Module:
+    """The critic ensemble: (obs (B, obs_dim), actions (B, action_dim)) -> outputs (E, B, num_outputs)."""
+    if config.network == "simba":
+        return SimbaCritic(obs_dim, action_dim, config.critic_hidden_dim, config.critic_num_blocks,
+                           config.num_critics, num_outputs)
+    if config.network == "simbav2":
+        return SimbaV2Critic(obs_dim, action_dim, config.critic_hidden_dim, config.critic_num_blocks,
+                             config.num_critics, num_outputs)
+    return CriticEnsemble(obs_dim, action_dim, config.hidden_sizes, config.num_critics, num_outputs)
+
+
+def build_actor(config: OffPolicyConfig, obs_dim: int, low: np.ndarray, high: np.ndarray, stochastic: bool) -> nn.Module:
+    """A tanh-Gaussian (SAC) or deterministic (TD3) actor of the configured architecture."""
+    if config.network == "mlp":
+        actor_cls = TanhGaussianActor if stochastic else DeterministicActor
+        return actor_cls(obs_dim, low, high, config.hidden_sizes)
+    simba = {("simba", True): SimbaActor, ("simba", False): SimbaDeterministicActor,
+             ("simbav2", True): SimbaV2Actor, ("simbav2", False): SimbaV2DeterministicActor}
+    return simba[config.network, stochastic](obs_dim, low, high, config.actor_hidden_dim, config.actor_num_blocks)
 
 
 class OffPolicyAgent(nn.Module):
-    """Plumbing shared by SAC and TD3: observation normalisation, acting on numpy, save/load.
+    """What SAC and TD3 share: the critic ensemble and its value head, the TD target, observation
+    and reward normalisation, optimiser steps, acting on numpy, save/load.
 
-    Subclasses set `algo` and `config_cls`, build their networks and `self.optimizers` (a dict
-    of name → optimizer) in `__init__`, and implement `policy(obs, deterministic)` and
-    `learn(batch)`. `update(batch)` normalises observations and calls `learn`.
+    Subclasses set `algo`, `config_cls` and `presets`, build their actor (`build_actor`) and
+    optimisers (`set_optimizers`) in `__init__`, and implement `policy(obs, deterministic)` and
+    `learn(batch)`. `update(batch)` normalises observations and rewards, then calls `learn`.
     """
 
     algo: ClassVar[str]
     config_cls: ClassVar[type]
+    presets: ClassVar[dict[str, dict[str, Any]]] = {}
 
     def __init__(self, obs_dim: int, action_low: np.ndarray, action_high: np.ndarray, config: OffPolicyConfig):
         super().__init__()
@@ -131,15 +238,21 @@ class OffPolicyAgent(nn.Module):
         self.register_buffer("action_low", torch.as_tensor(action_low, dtype=torch.float32))
         self.register_buffer("action_high", torch.as_tensor(action_high, dtype=torch.float32))
         self.obs_norm = RunningObsNorm(obs_dim) if config.normalize_obs else nn.Identity()
+        self.reward_scaler = RewardScaler(config.gamma, config.num_envs) if config.scale_rewards else None
+        self.head = build_head(config)
+        self.critic = build_critic(config, obs_dim, len(action_low), self.head.num_outputs)
+        self.critic_target = copy.deepcopy(self.critic).requires_grad_(False)
         self.optimizers: dict[str, torch.optim.Optimizer] = {}
         self.num_updates = 0
+        # learning-rate decay runs over every update after learning_starts
+        self._total_updates = max(1, (config.total_timesteps - config.learning_starts) * config.utd)
 
     def policy(self, obs: torch.Tensor, deterministic: bool) -> torch.Tensor:
         """Actions for normalised observations: exploratory, or the deterministic mode."""
         raise NotImplementedError
 
     def learn(self, batch: Batch) -> dict[str, torch.Tensor]:
-        """One update on a batch of normalised observations; returns detached scalar tensors."""
+        """One update on a batch of normalised observations and scaled rewards; returns detached scalars."""
         raise NotImplementedError
 
     @torch.inference_mode()
@@ -151,18 +264,70 @@ class OffPolicyAgent(nn.Module):
     def update(self, batch: Batch) -> dict[str, torch.Tensor]:
         if self.config.normalize_obs:
             batch = batch._replace(obs=self.obs_norm(batch.obs), next_obs=self.obs_norm(batch.next_obs))
+        if self.reward_scaler is not None:
+            batch = batch._replace(rewards=self.reward_scaler(batch.rewards))
+        if self.config.final_lr_fraction < 1.0:
+            self._decay_learning_rates()
         losses = self.learn(batch)
         self.num_updates += 1
         return losses
 
+    def set_optimizers(self, learning_rates: dict[str, tuple[list[nn.Parameter], float]]) -> None:
+        """One optimiser (--optimizer, --weight-decay) per named group of parameters."""
+        optimizer_cls = torch.optim.AdamW if self.config.optimizer == "adamw" else torch.optim.Adam
+        for name, (params, lr) in learning_rates.items():
+            self.optimizers[name] = optimizer_cls(params, lr=lr, weight_decay=self.config.weight_decay)
+            for group in self.optimizers[name].param_groups:
+                group["initial_lr"] = lr
+
+    def _decay_learning_rates(self) -> None:
+        progress = min(1.0, self.num_updates / self._total_updates)
+        factor = 1.0 - (1.0 - self.config.final_lr_fraction) * progress
+        for optimizer in self.optimizers.values():
+            for group in optimizer.param_groups:
+                group["lr"] = group["initial_lr"] * factor
+
+    def optimize(self, name: str, loss: torch.Tensor) -> None:
+        """Backpropagate `loss` and step optimiser `name`; SimbaV2 networks then re-project their weights."""
+        optimizer = self.optimizers[name]
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        network = getattr(self, name)
+        if hasattr(network, "project_weights"):
+            network.project_weights()
+
+    def q_values(self, obs: torch.Tensor, actions: torch.Tensor, first_only: bool = False) -> torch.Tensor:
+        """Q-values (E, B) of every critic, or (1, B) of the first only."""
+        if first_only and isinstance(self.critic, CriticEnsemble):
+            return self.head.value(self.critic(obs, actions, members=slice(0, 1)))  # skips the other members
+        outputs = self.critic(obs, actions)
+        return self.head.value(outputs[:1] if first_only else outputs)
+
+    @torch.no_grad()
+    def td_target(self, batch: Batch, next_actions: torch.Tensor, next_bonus: torch.Tensor | float) -> torch.Tensor:
+        """The critic's target for r + γ(1 − terminated)(Q'(s', a') + bonus), Q' the pessimistic target critic.
+
+        Scalar and HL-Gauss critics get the scalar target with the smallest target Q-value;
+        C51 critics get the projection of the distribution of the member with the smallest mean.
+        `next_bonus` is SAC's −α log π(a'|s') (0 for TD3).
+        """
+        next_outputs = self.critic_target(batch.next_obs, next_actions)  # (E, B, K)
+        not_done = 1.0 - batch.terminated
+        if isinstance(self.head, C51Head):
+            next_probs = self.head.min_value_probs(next_outputs)
+            shifted_rewards = batch.rewards + batch.discounts * not_done * next_bonus
+            return self.head.project(next_probs, shifted_rewards, batch.discounts, not_done)
+        next_q = self.head.value(next_outputs).min(dim=0).values  # (E, B) -> (B,)
+        return batch.rewards + batch.discounts * not_done * (next_q + next_bonus)
+
     def critic_step(self, batch: Batch, target: torch.Tensor) -> dict[str, torch.Tensor]:
-        """One optimiser step of every critic towards `target` (B,): the sum of their MSEs."""
-        q_values = self.critic(batch.obs, batch.actions)  # (E, B)
-        critic_loss = (q_values - target).pow(2).mean(dim=1).sum()
-        self.optimizers["critic"].zero_grad(set_to_none=True)
-        critic_loss.backward()
-        self.optimizers["critic"].step()
-        return {"losses/qf_loss": critic_loss.detach() / q_values.shape[0], "losses/qf_values": q_values.detach().mean()}
+        """One optimiser step of every critic towards `target`: the sum over critics of their mean loss."""
+        outputs = self.critic(batch.obs, batch.actions)  # (E, B, K)
+        critic_loss = self.head.loss(outputs, target).mean(dim=1).sum()
+        self.optimize("critic", critic_loss)
+        return {"losses/qf_loss": critic_loss.detach() / outputs.shape[0],
+                "losses/qf_values": self.head.value(outputs.detach()).mean()}
 
     def training_state(self) -> dict:
         """Networks, optimisers and the update counter: everything to continue training."""
@@ -202,9 +367,12 @@ def evaluate(agent: OffPolicyAgent, env_id: str, episodes: int = 10, seed: int =
     return evaluate_policy(lambda obs: agent.act(obs, deterministic=True), env_id, episodes, seed)
 
 
-def _start_run(config: OffPolicyConfig, algo: str, validate) -> tuple[OffPolicyConfig, Path | None, dict | None]:
+def _start_run(
+    config: OffPolicyConfig, algo: str, presets: dict, validate
+) -> tuple[OffPolicyConfig, Path | None, dict | None]:
     """Validate a new config, or reload the config and checkpoint of an interrupted run."""
     if config.resume is None:
+        config = apply_preset(config, presets)
         validate(config)
         return config, None, None
     run_dir = Path(config.resume)
@@ -217,7 +385,7 @@ def _start_run(config: OffPolicyConfig, algo: str, validate) -> tuple[OffPolicyC
 def train_off_policy(agent_cls: type[OffPolicyAgent], config: OffPolicyConfig, validate) -> TrainResult:
     """Collect, update, log, evaluate and checkpoint until `total_timesteps` environment steps."""
     algo = agent_cls.algo
-    config, run_dir, checkpoint = _start_run(config, algo, validate)
+    config, run_dir, checkpoint = _start_run(config, algo, agent_cls.presets, validate)
     set_threads(config.threads)
     seed_everything(config.seed)
     global_step = 0 if checkpoint is None else checkpoint["global_step"]
@@ -274,6 +442,8 @@ def train_off_policy(agent_cls: type[OffPolicyAgent], config: OffPolicyConfig, v
                     f"in {run_dir} is kept (fix the environment, then --resume {run_dir})."
                 ) from None
             buffer.add(obs, actions, rewards, info["final_obs"], terminated, truncated)
+            if agent.reward_scaler is not None:
+                agent.reward_scaler.update(rewards, terminated | truncated)
             obs = next_obs
             global_step += config.num_envs
             bar.update(config.num_envs)
@@ -287,7 +457,7 @@ def train_off_policy(agent_cls: type[OffPolicyAgent], config: OffPolicyConfig, v
             if global_step > config.learning_starts:
                 if update_start is None:
                     update_start = (time.perf_counter(), global_step)
-                for _ in range(config.num_envs):
+                for _ in range(config.num_envs * config.utd):
                     losses = agent.update(buffer.sample(config.batch_size))
             if global_step % config.log_freq < config.num_envs:
                 sps = (global_step - start_step) / (time.perf_counter() - start_time)

@@ -13,7 +13,6 @@ The training loop (collect, store, update, log, evaluate, checkpoint) is in agen
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 
 import numpy as np
@@ -21,9 +20,15 @@ import torch
 from torch import nn
 
 from keelrl.agents.common import TrainResult, run_cli
-from keelrl.agents.off_policy import OffPolicyAgent, OffPolicyConfig, evaluate, train_off_policy, validate_off_policy
+from keelrl.agents.off_policy import (
+    OffPolicyAgent,
+    OffPolicyConfig,
+    build_actor,
+    evaluate,
+    train_off_policy,
+    validate_off_policy,
+)
 from keelrl.buffers import Batch
-from keelrl.networks import CriticEnsemble, TanhGaussianActor
 
 __all__ = ["SAC", "SACConfig", "train", "evaluate"]
 
@@ -59,22 +64,29 @@ class SAC(OffPolicyAgent):
 
     algo = "sac"
     config_cls = SACConfig
+    presets = {
+        # Lee et al. 2024 (SimBa): SimBa actor (d 128, 1 block) and critics (d 512, 2 blocks), running
+        # observation normalisation, AdamW lr 1e-4 with weight decay 1e-2, UTD 2, α from 0.01, target entropy −|A|/2
+        "simba": dict(network="simba", normalize_obs=True, optimizer="adamw", weight_decay=1e-2, policy_lr=1e-4,
+                      q_lr=1e-4, utd=2, alpha_init=0.01, target_entropy_scale=-0.5),
+        # Lee et al. 2025 (SimbaV2): hyperspherical networks, C51 critic on 101 atoms in [−5, 5] with scaled
+        # rewards, Adam lr 1e-4 decaying linearly to 5e-5, UTD 2, α from 0.01, target entropy −|A|/2
+        "simbav2": dict(network="simbav2", normalize_obs=True, critic_head="c51", num_bins=101, scale_rewards=True,
+                        optimizer="adam", policy_lr=1e-4, q_lr=1e-4, final_lr_fraction=0.5, utd=2,
+                        alpha_init=0.01, target_entropy_scale=-0.5),
+    }
 
     def __init__(self, obs_dim: int, action_low: np.ndarray, action_high: np.ndarray, config: SACConfig):
-        super().__init__(obs_dim, action_low, action_high, config)
-        self.actor = TanhGaussianActor(obs_dim, action_low, action_high, config.hidden_sizes)
-        action_dim = self.actor.action_scale.numel()
-        self.critic = CriticEnsemble(obs_dim, action_dim, config.hidden_sizes, config.num_critics)
-        self.critic_target = copy.deepcopy(self.critic).requires_grad_(False)
+        super().__init__(obs_dim, action_low, action_high, config)  # critics, value head, normalisers
+        self.actor = build_actor(config, obs_dim, action_low, action_high, stochastic=True)
         initial_alpha = config.alpha_init if config.autotune else config.alpha
         self.log_alpha = nn.Parameter(torch.tensor(float(np.log(initial_alpha))), requires_grad=config.autotune)
-        self.target_entropy = config.target_entropy_scale * action_dim
-        self.optimizers = {
-            "actor": torch.optim.Adam(self.actor.parameters(), lr=config.policy_lr),
-            "critic": torch.optim.Adam(self.critic.parameters(), lr=config.q_lr),
-        }
+        self.target_entropy = config.target_entropy_scale * len(action_low)
+        learning_rates = {"actor": (list(self.actor.parameters()), config.policy_lr),
+                          "critic": (list(self.critic.parameters()), config.q_lr)}
         if config.autotune:
-            self.optimizers["alpha"] = torch.optim.Adam([self.log_alpha], lr=config.q_lr)
+            learning_rates["alpha"] = ([self.log_alpha], config.q_lr)
+        self.set_optimizers(learning_rates)
         self._critic_params = list(self.critic.parameters())
         self._target_params = list(self.critic_target.parameters())
 
@@ -100,27 +112,21 @@ class SAC(OffPolicyAgent):
     def _update_critic(self, batch: Batch) -> dict[str, torch.Tensor]:
         with torch.no_grad():
             next_actions, next_log_prob = self.actor.sample(batch.next_obs)
-            next_q = self.critic_target(batch.next_obs, next_actions).min(dim=0).values  # (E, B) -> (B,)
-            soft_value = next_q - self.alpha * next_log_prob
-            target = batch.rewards + batch.discounts * (1.0 - batch.terminated) * soft_value
+            target = self.td_target(batch, next_actions, next_bonus=-self.alpha * next_log_prob)
         return self.critic_step(batch, target)
 
     def _update_actor_and_alpha(self, obs: torch.Tensor) -> dict[str, torch.Tensor]:
         actions, log_prob = self.actor.sample(obs)
         self.critic.requires_grad_(False)  # the actor loss needs gradients w.r.t. actions only
-        q_pi = self.critic(obs, actions).min(dim=0).values
+        q_pi = self.q_values(obs, actions).min(dim=0).values
         self.critic.requires_grad_(True)
         actor_loss = (self.alpha * log_prob - q_pi).mean()
-        self.optimizers["actor"].zero_grad(set_to_none=True)
-        actor_loss.backward()
-        self.optimizers["actor"].step()
+        self.optimize("actor", actor_loss)
         losses = {"losses/actor_loss": actor_loss.detach(), "losses/alpha": self.alpha}
-        if "alpha" in self.optimizers:
+        if self.config.autotune:
             # the log-probs of this actor step, detached, as SB3 does (CleanRL resamples them)
             alpha_loss = -(self.log_alpha.exp() * (log_prob.detach() + self.target_entropy)).mean()
-            self.optimizers["alpha"].zero_grad(set_to_none=True)
-            alpha_loss.backward()
-            self.optimizers["alpha"].step()
+            self.optimize("alpha", alpha_loss)
             losses["losses/alpha_loss"] = alpha_loss.detach()
         return losses
 

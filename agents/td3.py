@@ -21,9 +21,15 @@ import numpy as np
 import torch
 
 from keelrl.agents.common import TrainResult, run_cli
-from keelrl.agents.off_policy import OffPolicyAgent, OffPolicyConfig, evaluate, train_off_policy, validate_off_policy
+from keelrl.agents.off_policy import (
+    OffPolicyAgent,
+    OffPolicyConfig,
+    build_actor,
+    evaluate,
+    train_off_policy,
+    validate_off_policy,
+)
 from keelrl.buffers import Batch
-from keelrl.networks import CriticEnsemble, DeterministicActor
 
 __all__ = ["TD3", "TD3Config", "train", "evaluate"]
 
@@ -54,18 +60,20 @@ class TD3(OffPolicyAgent):
 
     algo = "td3"
     config_cls = TD3Config
+    presets = {
+        # the SimBa and SimbaV2 papers' network, critic and optimiser settings on TD3's update rule
+        "simba": dict(network="simba", normalize_obs=True, optimizer="adamw", weight_decay=1e-2,
+                      learning_rate=1e-4, utd=2),
+        "simbav2": dict(network="simbav2", normalize_obs=True, critic_head="c51", num_bins=101, scale_rewards=True,
+                        optimizer="adam", learning_rate=1e-4, final_lr_fraction=0.5, utd=2),
+    }
 
     def __init__(self, obs_dim: int, action_low: np.ndarray, action_high: np.ndarray, config: TD3Config):
-        super().__init__(obs_dim, action_low, action_high, config)
-        self.actor = DeterministicActor(obs_dim, action_low, action_high, config.hidden_sizes)
+        super().__init__(obs_dim, action_low, action_high, config)  # critics, value head, normalisers
+        self.actor = build_actor(config, obs_dim, action_low, action_high, stochastic=False)
         self.actor_target = copy.deepcopy(self.actor).requires_grad_(False)
-        action_dim = self.actor.action_scale.numel()
-        self.critic = CriticEnsemble(obs_dim, action_dim, config.hidden_sizes, config.num_critics)
-        self.critic_target = copy.deepcopy(self.critic).requires_grad_(False)
-        self.optimizers = {
-            "actor": torch.optim.Adam(self.actor.parameters(), lr=config.learning_rate),
-            "critic": torch.optim.Adam(self.critic.parameters(), lr=config.learning_rate),
-        }
+        self.set_optimizers({"actor": (list(self.actor.parameters()), config.learning_rate),
+                             "critic": (list(self.critic.parameters()), config.learning_rate)})
         self._online_params = [*self.actor.parameters(), *self.critic.parameters()]
         self._target_params = [*self.actor_target.parameters(), *self.critic_target.parameters()]
 
@@ -90,17 +98,14 @@ class TD3(OffPolicyAgent):
             noise = torch.randn_like(batch.actions) * self.config.policy_noise
             noise = noise.clamp(-self.config.noise_clip, self.config.noise_clip) * self.actor.action_scale
             next_actions = torch.clamp(self.actor_target(batch.next_obs) + noise, self.action_low, self.action_high)
-            next_q = self.critic_target(batch.next_obs, next_actions).min(dim=0).values  # (E, B) -> (B,)
-            target = batch.rewards + batch.discounts * (1.0 - batch.terminated) * next_q
+            target = self.td_target(batch, next_actions, next_bonus=0.0)
         return self.critic_step(batch, target)
 
     def _update_actor(self, obs: torch.Tensor) -> torch.Tensor:
         self.critic.requires_grad_(False)  # the actor loss needs gradients w.r.t. actions only
-        actor_loss = -self.critic(obs, self.actor(obs), members=slice(0, 1)).mean()  # Q1 only, as in the TD3 paper
+        actor_loss = -self.q_values(obs, self.actor(obs), first_only=True).mean()  # Q1, as in the TD3 paper
         self.critic.requires_grad_(True)
-        self.optimizers["actor"].zero_grad(set_to_none=True)
-        actor_loss.backward()
-        self.optimizers["actor"].step()
+        self.optimize("actor", actor_loss)
         return actor_loss.detach()
 
 

@@ -9,14 +9,25 @@ from keelrl.networks.mlp import EnsembleMLP
 
 
 class CriticEnsemble(nn.Module):
-    """`num_critics` independent Q(s, a) MLPs; forward returns Q-values of shape (E, B)."""
+    """`num_critics` independent Q(s, a) MLPs in one batched pass: outputs of shape (E, B, num_outputs).
 
-    def __init__(self, obs_dim: int, action_dim: int, hidden_sizes: tuple[int, ...] = (256, 256), num_critics: int = 2):
+    `num_outputs` is 1 for a scalar critic, the number of bins for a categorical one
+    (see networks/heads.py, whose `value` turns the outputs into Q-values (E, B)).
+    """
+
+    def __init__(
+        self,
+        obs_dim: int,
+        action_dim: int,
+        hidden_sizes: tuple[int, ...] = (256, 256),
+        num_critics: int = 2,
+        num_outputs: int = 1,
+    ):
         super().__init__()
         self.num_critics = num_critics
-        self.net = EnsembleMLP(num_critics, obs_dim + action_dim, hidden_sizes, 1)
+        self.net = EnsembleMLP(num_critics, obs_dim + action_dim, hidden_sizes, num_outputs)
 
     def forward(self, obs: torch.Tensor, actions: torch.Tensor, members: slice = slice(None)) -> torch.Tensor:
-        """Q-values of the chosen critics (all by default): (E', B)."""
+        """Outputs of the chosen critics (all by default): (E', B, num_outputs)."""
         x = torch.cat([obs, actions], dim=-1)  # (B, obs_dim + action_dim)
-        return self.net(x, members).squeeze(-1)  # (E', B, 1) -> (E', B)
+        return self.net(x, members)

@@ -36,7 +36,8 @@ def test_ensemble_takes_per_member_inputs():
 def test_critic_ensemble_shape_and_gradients():
     critic = CriticEnsemble(obs_dim=5, action_dim=2, hidden_sizes=(32, 32), num_critics=2)
     q = critic(torch.randn(9, 5), torch.randn(9, 2))
-    assert q.shape == (2, 9)
+    assert q.shape == (2, 9, 1)
+    assert CriticEnsemble(5, 2, (8,), num_critics=3, num_outputs=51)(torch.randn(4, 5), torch.randn(4, 2)).shape == (3, 4, 51)
     q.sum().backward()
     assert all(p.grad is not None for p in critic.parameters())
 

@@ -44,7 +44,7 @@ def test_update_shapes_schedule_and_target_tracking(fixed_batch):
     assert all(v.dim() == 0 and torch.isfinite(v) for v in second.values())
     assert agent.num_updates == 2
     assert make_agent().alpha.item() == 1.0  # autotuning starts from α = 1, as in CleanRL
-    assert agent.critic(batch.obs, batch.actions).shape == (2, 256)
+    assert agent.critic(batch.obs, batch.actions).shape == (2, 256, 1)
     # Polyak: target <- target + tau * (online - target), twice
     for before, target, online in zip(target_before, agent.critic_target.parameters(), agent.critic.parameters()):
         assert not torch.equal(before, target)
