@@ -273,10 +273,14 @@ class OffPolicyAgent(nn.Module):
         return losses
 
     def set_optimizers(self, learning_rates: dict[str, tuple[list[nn.Parameter], float]]) -> None:
-        """One optimiser (--optimizer, --weight-decay) per named group of parameters."""
+        """One optimiser (--optimizer, --weight-decay) per named group of parameters.
+
+        The fused implementation updates all of a group's parameters in one kernel (the same
+        arithmetic as the per-parameter loop, a few percent faster per SAC update here).
+        """
         optimizer_cls = torch.optim.AdamW if self.config.optimizer == "adamw" else torch.optim.Adam
         for name, (params, lr) in learning_rates.items():
-            self.optimizers[name] = optimizer_cls(params, lr=lr, weight_decay=self.config.weight_decay)
+            self.optimizers[name] = optimizer_cls(params, lr=lr, weight_decay=self.config.weight_decay, fused=True)
             for group in self.optimizers[name].param_groups:
                 group["initial_lr"] = lr
 
