@@ -70,8 +70,8 @@ class OffPolicyConfig:
     """environment steps to train for"""
     num_envs: int = 1
     """parallel environments (one gradient update per environment step)"""
-    env_backend: str = "gymnasium"
-    """'gymnasium' or 'envpool'"""
+    env_backend: Literal["gymnasium", "envpool"] = "gymnasium"
+    """vector environment backend (envpool needs the envpool extra)"""
     buffer_size: int = 1_000_000
     """replay buffer capacity (transitions)"""
     gamma: float = 0.99
@@ -83,7 +83,7 @@ class OffPolicyConfig:
     learning_starts: int = 5_000
     """environment steps of uniform random actions before learning starts"""
     policy_frequency: int = 2
-    """critic updates per actor update (delayed policy updates)"""
+    """delayed policy updates: actor steps come every this many critic updates (SAC then takes this many)"""
     hidden_sizes: tuple[int, ...] = (256, 256)
     """hidden layer sizes of actor and critics (--network mlp)"""
     num_critics: int = 2
