@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 # The CPU wheel of torch 2.13.0 lies on disk on the project's machines; elsewhere pip picks your build.
 TORCH ?= torch==2.13.0
 ENV ?= Hopper-v5
-STEPS ?= 60000
+STEPS ?= 50000
 SEED ?= 1
 ARGS ?=
 STAMP := $(VENV)/.keelrl-installed
@@ -17,7 +17,7 @@ install: $(STAMP)
 $(STAMP): setup.py Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install "$(TORCH)"
-	$(PY) -m pip install -e ".[dev,envpool]" || $(PY) -m pip install -e ".[dev]"
+	$(PY) -m pip install -e ".[dev,envpool,llm]" || $(PY) -m pip install -e ".[dev,llm]"
 	touch $(STAMP)
 
 train: $(STAMP)
