@@ -18,9 +18,10 @@ import torch
 
 from keelrl.envs import make_vec_env
 
-# Measured on the project's 2-core machine (benchmarks/results/threads.md): one thread is as fast as
-# two for 256-wide networks at batch 256 when idle, and keeps its speed when another process
-# competes for the second core, where two threads slow down by an order of magnitude.
+# Measured on the project's 2-core machine (benchmarks/results/threads.md), SAC update 256-256,
+# batch 256: one thread takes 10-11 ms idle or beside a busy process; two threads take 6.2 ms idle
+# but 24.5 ms when another process keeps the second core busy. One thread is the robust default;
+# pass --threads 2 (or more on bigger machines) when the run has the machine to itself.
 DEFAULT_THREADS = 1
 CHECKPOINT_FILE = "checkpoint.pt"
 BUFFER_FILE = "buffer.pt"

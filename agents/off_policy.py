@@ -132,7 +132,7 @@ class OffPolicyConfig:
     log_freq: int = 1_000
     """environment steps between loss logs (losses stay on the device in between)"""
     threads: int = DEFAULT_THREADS
-    """torch CPU threads (1 is fastest here for 256-wide networks; see agents/common.py)"""
+    """torch CPU threads (1 is robust to other busy processes; 2 is faster on an idle 2-core machine)"""
     device: str = "cpu"
     """torch device for networks and replay buffer"""
     runs_dir: str = "runs"
