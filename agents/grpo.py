@@ -1,0 +1,622 @@
+"""Group Relative Policy Optimisation (Shao et al. 2024) for RL with verifiable rewards, with its common variants.
+
+Run:     python -m keelrl.agents.grpo --task add            (the defaults: about 3 minutes on one CPU core)
+Import:  from keelrl.agents.grpo import GRPO, GRPOConfig, train, evaluate
+
+The algorithm, top to bottom:
+- the policy is a causal LM (keelrl.networks.lm_policy.LMPolicy): a tiny GPT-2 with a character
+  vocabulary by default, or any Hugging Face causal LM on disk (--model-path); for tiny models a short
+  supervised warm-up on random, well-formed answers teaches the format (so accuracy starts at chance);
+- each iteration samples `num_prompts` train prompts and `group_size` completions of each through
+  keelrl.envs.token_env.GroupTokenEnv (KV-cache decoding); the task's verifier scores each completion;
+- advantage of completion i in its group: A_i = r_i − mean(r), divided by std(r) + ε unless --no-scale-std
+  (Dr. GRPO); negative advantages are multiplied by `negative_weight`; with --filter-zero-std, groups whose
+  rewards are all equal are dropped and more are sampled (DAPO's dynamic sampling);
+- `update_epochs` passes over `num_minibatches` minibatches minimise, per completion token,
+      −min(ρA, clip(ρ, 1 − ε_low, 1 + ε_high)A) + β·k3(π_ref, π) − c·H(π),   ρ = π(token) / π_old(token),
+  where the first term can be kept only on the top `top_entropy_fraction` tokens by entropy ("forking
+  tokens"), k3 = π_ref/π − log(π_ref/π) − 1, and each term is aggregated by token-mean (DAPO),
+  sequence-mean (GRPO) or a constant normaliser (Dr. GRPO: sum / (completions × max_new_tokens));
+  AdamW, learning rate annealed linearly to 0 over `iterations`;
+- every `eval_every` iterations: greedy accuracy, pass@1 and unbiased pass@k on held-out prompts.
+
+TensorBoard: charts/episodic_return (mean reward), charts/episodic_length, charts/entropy,
+charts/zero_std_fraction, charts/verifier_errors, charts/SPS (generated tokens/s), charts/learning_rate,
+losses/policy_loss, losses/kl, losses/entropy, losses/clip_fraction, losses/grad_norm, losses/warmup_loss,
+eval/greedy_accuracy, eval/pass@1, eval/pass@k. The step axis is the iteration (one batch of groups and
+its update). Run directories also hold config.json, eval.csv (mean_return: held-out greedy accuracy),
+checkpoint.pt (resume with --resume RUN_DIR) and model.pt (GRPO.load).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from keelrl.agents.common import (
+    CHECKPOINT_FILE,
+    DEFAULT_THREADS,
+    RunLogger,
+    load_checkpoint,
+    load_run_config,
+    new_run_dir,
+    progress_bar,
+    restore_rng_state,
+    rng_state,
+    run_cli,
+    save_checkpoint,
+    save_config,
+    seed_everything,
+    set_threads,
+)
+from keelrl.envs.rlvr_tasks import Problem, Task, make_task, pass_at_k
+from keelrl.envs.token_env import UNFILLED, GroupTokenEnv
+from keelrl.networks.char_lm import CharTokenizer, tiny_gpt2
+from keelrl.networks.lm_policy import (
+    Completions,
+    LMPolicy,
+    cat_completions,
+    context_length_of,
+    left_pad,
+    load_pretrained,
+)
+
+ALGO = "grpo"
+AGGREGATIONS = ("token-mean", "sequence-mean", "constant")
+
+
+@dataclasses.dataclass
+class GRPOConfig:
+    task: str = "add"
+    """RLVR task: 'add' (a+b), 'chain' (a+b-c...), 'sort' or 'countdown' (see keelrl.envs.rlvr_tasks)"""
+    task_size: int = 2
+    """operands (add, chain), list length (sort) or numbers given (countdown)"""
+    max_value: int = 9
+    """largest operand, list value or countdown number (9: single digits)"""
+    heldout_fraction: float = 0.2
+    """share of the problem space never trained on, used for evaluation (split by a hash of the prompt)"""
+    seed: int = 1
+    """seed of python, numpy, torch and the prompt sampler"""
+    model_path: str | None = None
+    """directory of a Hugging Face causal LM and its tokenizer (save_pretrained layout); None: a tiny character GPT-2"""
+    n_layer: int = 2
+    """tiny GPT-2: transformer layers"""
+    n_embd: int = 64
+    """tiny GPT-2: width"""
+    n_head: int = 4
+    """tiny GPT-2: attention heads"""
+    context_length: int = 32
+    """tokens of prompt + completion (the tiny GPT-2's position table; at most the loaded model's)"""
+    max_new_tokens: int = 6
+    """tokens per completion (EOS included) before it is truncated"""
+    num_prompts: int = 32
+    """prompts per iteration"""
+    group_size: int = 4
+    """completions sampled per prompt (the group G)"""
+    temperature: float = 1.0
+    """sampling temperature (the policy is softmax(logits / temperature) in training too)"""
+    iterations: int = 1_400
+    """iterations (one batch of groups and its update each); about 3 minutes on one CPU core for the defaults"""
+    max_minutes: float = 0.0
+    """wall-clock limit of the whole run in minutes, warm-up included (0: none); the final evaluation follows"""
+    learning_rate: float = 1e-3
+    """AdamW learning rate of the RL updates (measured here for the tiny GPT-2; LLMs use about 1e-6)"""
+    anneal_lr: bool = True
+    """decay the learning rate linearly to 0 over `iterations` (as CleanRL's PPO)"""
+    weight_decay: float = 0.1
+    """AdamW weight decay (RL updates and warm-up); it helps the tiny model generalise to held-out prompts"""
+    max_grad_norm: float = 1.0
+    """gradient norm clip"""
+    update_epochs: int = 4
+    """optimisation passes over each batch (GRPO's μ; DeepSeekMath used 1, the tiny model learns much faster with 4)"""
+    num_minibatches: int = 2
+    """minibatches per pass (one optimiser step each)"""
+    scale_std: bool = True
+    """divide advantages by the group's reward std (GRPO); --no-scale-std is Dr. GRPO"""
+    std_eps: float = 1e-4
+    """ε added to the group std"""
+    clip_low: float = 0.2
+    """ε_low: the ratio is clipped below at 1 − ε_low"""
+    clip_high: float = 0.28
+    """ε_high: the ratio is clipped above at 1 + ε_high (DAPO's clip-higher; 0.2 is GRPO's symmetric clip)"""
+    loss_aggregation: str = "token-mean"
+    """'token-mean' (DAPO), 'sequence-mean' (GRPO) or 'constant' (Dr. GRPO: sum / (completions × max_new_tokens))"""
+    beta: float = 0.04
+    """coefficient of the k3 KL to the frozen post-warm-up reference (DeepSeekMath's 0.04; 0 keeps no reference)"""
+    ent_coef: float = 0.02
+    """entropy bonus coefficient (0 in the papers; on a+b the tiny model reached 0.6 held-out in 3 of 3 seeds with
+    0.02, 1 of 3 without: benchmarks/results/rlvr.md)"""
+    top_entropy_fraction: float = 1.0
+    """keep the policy-gradient term only on this top share of tokens by entropy (0.2: "forking tokens"; 1: all)"""
+    negative_weight: float = 0.5
+    """multiplier on negative advantages (1: plain GRPO; > 1 upweights negative samples; 0.5 generalised best here)"""
+    filter_zero_std: bool = False
+    """drop groups whose rewards are all equal and sample more (DAPO's dynamic sampling)"""
+    max_sample_rounds: int = 3
+    """with --filter-zero-std: sampling rounds per iteration to fill num_prompts informative groups"""
+    warmup_steps: int = 150
+    """supervised steps on random well-formed answers before RL (teaches the format only; 0: none)"""
+    warmup_batch_size: int = 64
+    """prompts per warm-up step"""
+    warmup_lr: float = 1e-3
+    """AdamW learning rate of the warm-up"""
+    eval_every: int = 20
+    """iterations between held-out evaluations (0: only after the warm-up and at the end)"""
+    eval_prompts: int = 100
+    """held-out prompts per evaluation (fewer if the held-out split has fewer)"""
+    eval_samples: int = 8
+    """sampled completions per held-out prompt for pass@k (n)"""
+    pass_k: int = 4
+    """k of the reported pass@k (at most eval_samples)"""
+    checkpoint_every: int = 200
+    """iterations between checkpoints (the last one is always written)"""
+    threads: int = DEFAULT_THREADS
+    """torch CPU threads (1 is fastest here for tiny models; see agents/common.py)"""
+    device: str = "cpu"
+    """torch device of the model"""
+    runs_dir: str = "runs"
+    """parent directory of run directories"""
+    resume: str | None = None
+    """continue the run in this directory to its iterations (its saved config is used)"""
+    quiet: bool = False
+    """no progress bar"""
+
+
+def validate(config: GRPOConfig) -> None:
+    positive = ["task_size", "max_value", "n_layer", "n_embd", "n_head", "context_length", "max_new_tokens",
+                "num_prompts", "group_size", "iterations", "update_epochs", "num_minibatches", "max_sample_rounds",
+                "warmup_batch_size", "eval_prompts", "eval_samples", "pass_k", "checkpoint_every"]
+    for name in positive:
+        if getattr(config, name) < 1:
+            raise ValueError(f"--{name.replace('_', '-')} must be positive, got {getattr(config, name)}.")
+    if config.scale_std and config.group_size < 2:
+        raise ValueError(f"--group-size {config.group_size}: the group std needs at least 2 completions per prompt; "
+                         f"raise --group-size or use --no-scale-std (Dr. GRPO).")
+    if config.loss_aggregation not in AGGREGATIONS:
+        raise ValueError(f"--loss-aggregation must be one of {AGGREGATIONS}, got {config.loss_aggregation!r}.")
+    if config.pass_k > config.eval_samples:
+        raise ValueError(f"--pass-k {config.pass_k} needs at least that many --eval-samples "
+                         f"(got {config.eval_samples}).")
+    if config.num_minibatches > config.num_prompts * config.group_size:
+        raise ValueError(f"--num-minibatches {config.num_minibatches} exceeds the "
+                         f"{config.num_prompts * config.group_size} completions of a batch.")
+    if not 0.0 < config.top_entropy_fraction <= 1.0:
+        raise ValueError(f"--top-entropy-fraction must lie in (0, 1], got {config.top_entropy_fraction}.")
+    if not 0.0 <= config.clip_low < 1.0 or config.clip_high < 0.0:
+        raise ValueError(f"clip ranges need 0 <= --clip-low < 1 and --clip-high >= 0, "
+                         f"got {config.clip_low} and {config.clip_high}.")
+    nonnegative = ["beta", "ent_coef", "weight_decay", "negative_weight", "max_minutes", "warmup_steps", "eval_every",
+                   "std_eps"]
+    for name in nonnegative:
+        if getattr(config, name) < 0:
+            raise ValueError(f"--{name.replace('_', '-')} must be non-negative, got {getattr(config, name)}.")
+    if config.temperature <= 0 or config.learning_rate <= 0 or config.warmup_lr <= 0:
+        raise ValueError("--temperature, --learning-rate and --warmup-lr must be positive.")
+    if config.max_new_tokens >= config.context_length:
+        raise ValueError(f"--max-new-tokens {config.max_new_tokens} leaves no room for a prompt in "
+                         f"--context-length {config.context_length}.")
+    if config.device.startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError(f"--device {config.device}: torch sees no CUDA GPU on this machine; use --device cpu.")
+
+
+# ---- the GRPO objective, term by term (each tested on hand-made groups) ----
+
+def group_advantages(rewards: torch.Tensor, group_size: int, scale_std: bool = True, eps: float = 1e-4,
+                     negative_weight: float = 1.0) -> torch.Tensor:
+    """(P·G,) rewards, rows grouped by prompt -> (P·G,) advantages r − mean [/ (std + ε)], negatives × weight."""
+    if scale_std and group_size < 2:
+        raise ValueError(f"std scaling needs groups of at least 2 completions, got group_size {group_size}.")
+    grouped = rewards.view(-1, group_size)  # (P·G,) -> (P, G)
+    advantages = grouped - grouped.mean(1, keepdim=True)
+    if scale_std:
+        advantages = advantages / (grouped.std(1, keepdim=True) + eps)  # unbiased std, as TRL
+    advantages = advantages.flatten()
+    return torch.where(advantages < 0, advantages * negative_weight, advantages)
+
+
+def informative_groups(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
+    """(P·G,) rewards -> (P,) bool: the group's rewards are not all equal (its advantages are not all zero)."""
+    grouped = rewards.view(-1, group_size)  # (P·G,) -> (P, G)
+    return grouped.amax(1) > grouped.amin(1)
+
+
+def clipped_policy_loss(ratio: torch.Tensor, advantages: torch.Tensor, clip_low: float,
+                        clip_high: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-token −min(ρA, clip(ρ, 1 − ε_low, 1 + ε_high)A) for (N, T) ratios, (N,) advantages; and where it clips."""
+    advantages = advantages.unsqueeze(1)  # (N,) -> (N, 1): one advantage for every token of a completion
+    unclipped = ratio * advantages
+    clipped = ratio.clamp(1.0 - clip_low, 1.0 + clip_high) * advantages
+    return -torch.minimum(unclipped, clipped), clipped < unclipped
+
+
+def k3_kl(log_probs: torch.Tensor, ref_log_probs: torch.Tensor) -> torch.Tensor:
+    """Per-token k3 estimate of KL(π ‖ π_ref) from tokens sampled by π: e^d − d − 1 with d = log π_ref − log π."""
+    log_ratio = ref_log_probs - log_probs
+    return log_ratio.exp() - log_ratio - 1.0
+
+
+def aggregate(values: torch.Tensor, mask: torch.Tensor, mode: str, normalizer: float) -> torch.Tensor:
+    """(N, T) per-token values -> scalar over the tokens where mask is True.
+
+    token-mean: sum / tokens; sequence-mean: mean over completions of each one's token mean;
+    constant: sum / (N · normalizer).
+    """
+    mask = mask.to(values.dtype)
+    if mode == "token-mean":
+        return (values * mask).sum() / mask.sum().clamp(min=1.0)
+    if mode == "sequence-mean":
+        return ((values * mask).sum(1) / mask.sum(1).clamp(min=1.0)).mean()
+    if mode == "constant":
+        return (values * mask).sum() / (values.shape[0] * normalizer)
+    raise ValueError(f"loss aggregation must be one of {AGGREGATIONS}, got {mode!r}.")
+
+
+def forking_mask(entropy: torch.Tensor, mask: torch.Tensor, top_fraction: float) -> torch.Tensor:
+    """(N, T) bool: the ceil(top_fraction · n) highest-entropy tokens among the n where mask is True."""
+    valid_positions = mask.flatten().nonzero().squeeze(1)
+    keep = math.ceil(top_fraction * valid_positions.numel())
+    chosen = valid_positions[entropy.flatten()[valid_positions].topk(keep).indices]
+    kept = torch.zeros(mask.numel(), dtype=torch.bool, device=mask.device)
+    kept[chosen] = True
+    return kept.view_as(mask)
+
+
+# ---- the agent ----
+
+class GRPO:
+    """The LM policy, its optimiser and (with beta > 0) the frozen reference."""
+
+    def __init__(self, policy: LMPolicy, config: GRPOConfig):
+        self.policy = policy
+        self.config = config
+        self.optimizer = self._adamw(config.learning_rate)
+        self.reference: LMPolicy | None = None
+
+    def freeze_reference(self) -> None:
+        """Take the current policy as the KL reference (after the warm-up), when beta > 0."""
+        if self.config.beta > 0:
+            self.reference = self.policy.frozen_copy()
+
+    @torch.no_grad()
+    def act(self, obs: np.ndarray, deterministic: bool = False) -> np.ndarray:
+        """Next tokens (N,) for TokenEnv observations (N, context_length); recomputes the prefix (no cache)."""
+        prompts = [row[row != UNFILLED].tolist() for row in np.asarray(obs)]
+        return self.policy.decoder(prompts).sample(greedy=deterministic).cpu().numpy()
+
+    def set_learning_rate(self, lr: float) -> None:
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+
+    def _adamw(self, lr: float) -> torch.optim.AdamW:
+        return torch.optim.AdamW(self.policy.parameters(), lr=lr, weight_decay=self.config.weight_decay, fused=True)
+
+    def _step(self, loss: torch.Tensor, optimizer: torch.optim.Optimizer) -> torch.Tensor:
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.policy.parameters(), self.config.max_grad_norm)
+        optimizer.step()
+        return grad_norm
+
+    def warmup(self, task: Task, rng: np.random.Generator) -> float:
+        """Supervised steps on train prompts with random well-formed answers (+ EOS); returns the last loss."""
+        optimizer = self._adamw(self.config.warmup_lr)
+        tokenizer, loss = self.policy.tokenizer, float("nan")
+        for _ in range(self.config.warmup_steps):
+            problems = [task.sample(rng, "train") for _ in range(self.config.warmup_batch_size)]
+            prompts = [tokenizer.encode(p.prompt, add_special_tokens=False) for p in problems]
+            answers = [tokenizer.encode(task.random_answer(p, rng), add_special_tokens=False) + [tokenizer.eos_token_id]
+                       for p in problems]
+            batch = supervised_batch(self.policy, prompts, answers)
+            log_probs, _ = self.policy.token_log_probs(batch)
+            nll = -aggregate(log_probs, batch.mask, "token-mean", 1.0)
+            self._step(nll, optimizer)
+            loss = nll.item()
+        return loss
+
+    def update(self, batch: Completions, advantages: torch.Tensor) -> dict[str, float]:
+        """update_epochs passes of num_minibatches clipped policy-gradient steps on one batch of groups."""
+        config = self.config
+        pg_mask = batch.mask
+        if config.top_entropy_fraction < 1.0:  # forking tokens, by the sampling policy's entropy
+            pg_mask = forking_mask(batch.entropy, batch.mask, config.top_entropy_fraction)
+        ref_log_probs = None
+        if self.reference is not None:
+            with torch.no_grad():
+                ref_log_probs = self.reference.token_log_probs(batch)[0]
+
+        def agg(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+            return aggregate(values, mask, config.loss_aggregation, config.max_new_tokens)
+
+        stats = defaultdict(list)
+        for _ in range(config.update_epochs):
+            for rows in torch.randperm(len(advantages), device=advantages.device).chunk(config.num_minibatches):
+                minibatch = batch.select(rows)
+                log_probs, entropy = self.policy.token_log_probs(minibatch)
+                ratio = (log_probs - minibatch.log_probs).exp()
+                pg_loss, clipped = clipped_policy_loss(ratio, advantages[rows], config.clip_low, config.clip_high)
+                policy_loss = agg(pg_loss, pg_mask[rows])
+                entropy_mean = agg(entropy, minibatch.mask)
+                loss = policy_loss - config.ent_coef * entropy_mean
+                if ref_log_probs is not None:
+                    kl = agg(k3_kl(log_probs, ref_log_probs[rows]), minibatch.mask)
+                    loss = loss + config.beta * kl
+                    stats["losses/kl"].append(kl.detach())
+                grad_norm = self._step(loss, self.optimizer)
+                stats["losses/policy_loss"].append(policy_loss.detach())
+                stats["losses/entropy"].append(entropy_mean.detach())
+                stats["losses/clip_fraction"].append(clipped[minibatch.mask].float().mean())
+                stats["losses/grad_norm"].append(grad_norm)
+        return {name: torch.stack(values).mean().item() for name, values in stats.items()}
+
+    def training_state(self) -> dict:
+        return {
+            "policy": self.policy.state_dict(),
+            "reference": None if self.reference is None else self.reference.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+        }
+
+    def load_training_state(self, state: dict) -> None:
+        self.policy.load_state_dict(state["policy"])
+        if state["reference"] is not None:
+            self.reference = self.policy.frozen_copy()
+            self.reference.load_state_dict(state["reference"])
+        self.optimizer.load_state_dict(state["optimizer"])
+
+    def save(self, path: str | os.PathLike) -> None:
+        """The policy's weights, config and character vocabulary (tensors and plain values only)."""
+        save_checkpoint(Path(path), {"algo": ALGO, "config": dataclasses.asdict(self.config),
+                                     "vocab": vocab_of(self.policy.tokenizer), "policy": self.policy.state_dict()})
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> GRPO:
+        """A saved agent; a --model-path run needs its model directory (for the tokenizer and architecture)."""
+        state = load_checkpoint(path, ALGO)
+        config = GRPOConfig(**state["config"])
+        agent = cls(build_policy(config, state["vocab"]), config)
+        agent.policy.load_state_dict(state["policy"])
+        return agent
+
+
+def vocab_of(tokenizer) -> str | None:
+    return tokenizer.vocab if isinstance(tokenizer, CharTokenizer) else None
+
+
+def build_policy(config: GRPOConfig, vocab: str | None = None) -> LMPolicy:
+    """The model of --model-path, or a fresh tiny GPT-2 with a character tokenizer (of `vocab` if given)."""
+    if config.model_path is not None:
+        model, tokenizer = load_pretrained(config.model_path)
+        limit = context_length_of(model)
+        if limit is not None and config.context_length > limit:
+            raise ValueError(f"--context-length {config.context_length} exceeds the model's {limit} positions.")
+    else:
+        tokenizer = CharTokenizer() if vocab is None else CharTokenizer(vocab)
+        model = tiny_gpt2(tokenizer, config.context_length, config.n_layer, config.n_embd, config.n_head)
+    return LMPolicy(model.to(config.device), tokenizer, config.temperature)
+
+
+def supervised_batch(policy: LMPolicy, prompts: list[list[int]], answers: list[list[int]]) -> Completions:
+    """Prompts and given answers laid out as a Completions batch (for teacher forcing)."""
+    prompt_ids, prompt_mask = left_pad(prompts, policy.pad_token_id, policy.device)
+    tokens = torch.full((len(answers), max(map(len, answers))), policy.pad_token_id, dtype=torch.long)
+    for row, answer in enumerate(answers):
+        tokens[row, : len(answer)] = torch.as_tensor(answer)
+    lengths = torch.as_tensor([len(answer) for answer in answers])
+    mask = torch.arange(tokens.shape[1]) < lengths.unsqueeze(1)  # (N, T)
+    zeros = torch.zeros(tokens.shape)
+    return Completions(prompt_ids, prompt_mask, *(t.to(policy.device) for t in (tokens, mask, zeros, zeros)))
+
+
+# ---- rollouts and evaluation ----
+
+def rollout(policy: LMPolicy, env: GroupTokenEnv, problems: list[Problem] | None = None,
+            greedy: bool = False) -> tuple[Completions, torch.Tensor, int]:
+    """One batch through the env: the policy decodes with its KV cache, the env appends, ends and scores rows.
+
+    Returns the completions, the (N,) rewards and the number of verifier errors.
+    """
+    _, info = env.reset(options=None if problems is None else {"problems": problems})
+    decoder = policy.decoder(info["prompt_ids"])
+    rewards, errors = np.zeros(env.num_envs), 0
+    while not env.done.all():
+        tokens = decoder.sample(greedy)
+        _, step_rewards, _, _, step_info = env.step(tokens.cpu().numpy())
+        rewards += step_rewards
+        errors += step_info["verifier_errors"]
+    lengths = torch.as_tensor(env.completion_lengths, device=policy.device)
+    return decoder.completions(lengths), torch.as_tensor(rewards, dtype=torch.float32, device=policy.device), errors
+
+
+def collect(agent: GRPO, env: GroupTokenEnv) -> tuple[Completions | None, torch.Tensor, dict[str, float]]:
+    """A batch of num_prompts groups; with filter_zero_std, only groups whose rewards differ (sampling again as needed).
+
+    Returns the batch (None if every group was filtered out), its rewards and statistics of all samples drawn.
+    """
+    config = agent.config
+    wanted_rows = config.num_prompts * config.group_size
+    parts, part_rewards, drawn_rewards, entropies, lengths = [], [], [], [], []
+    zero_std_groups, groups, errors = 0, 0, 0
+    for _ in range(config.max_sample_rounds if config.filter_zero_std else 1):
+        completions, rewards, round_errors = rollout(agent.policy, env)
+        informative = informative_groups(rewards, config.group_size)
+        zero_std_groups += int((~informative).sum())
+        groups += len(informative)
+        errors += round_errors
+        drawn_rewards.append(rewards)
+        entropies.append(completions.entropy[completions.mask])
+        lengths.append(completions.mask.sum(1).float())
+        keep = informative.repeat_interleave(config.group_size) if config.filter_zero_std else slice(None)
+        parts.append(completions.select(keep))
+        part_rewards.append(rewards[keep])
+        if sum(len(r) for r in part_rewards) >= wanted_rows:
+            break
+    stats = {
+        "charts/episodic_return": torch.cat(drawn_rewards).mean().item(),
+        "charts/episodic_length": torch.cat(lengths).mean().item(),
+        "charts/entropy": torch.cat(entropies).mean().item(),
+        "charts/zero_std_fraction": zero_std_groups / groups,
+        "charts/verifier_errors": errors,
+        "charts/sample_rounds": len(drawn_rewards),
+        "charts/generated_tokens": torch.cat(lengths).sum().item(),
+    }
+    rewards = torch.cat(part_rewards)[:wanted_rows]
+    if len(rewards) == 0:
+        return None, rewards, stats
+    batch = cat_completions(parts, agent.policy.pad_token_id).select(slice(0, wanted_rows))
+    return batch, rewards, stats
+
+
+def evaluate(agent: GRPO, task: Task, problems: list[Problem], samples: int = 8, k: int = 4) -> dict[str, float]:
+    """Greedy accuracy, pass@1 and unbiased pass@k (from `samples` sampled completions) on `problems`.
+
+    A completion is correct when its reward is at least 1. Also returns the per-problem greedy rewards
+    under 'greedy_rewards' (a numpy array).
+    """
+    if not 1 <= k <= samples:
+        raise ValueError(f"pass@{k} needs 1 <= k <= samples ({samples}).")
+    config, tokenizer = agent.config, agent.policy.tokenizer
+
+    def env(group_size: int) -> GroupTokenEnv:
+        return GroupTokenEnv(task, tokenizer, len(problems), group_size, config.max_new_tokens, config.context_length)
+
+    _, greedy_rewards, _ = rollout(agent.policy, env(1), problems, greedy=True)
+    _, rewards, _ = rollout(agent.policy, env(samples), problems)
+    correct = (rewards >= 1.0).view(len(problems), samples).sum(1).tolist()  # (P·n,) -> (P,)
+    return {
+        "greedy_accuracy": (greedy_rewards >= 1.0).float().mean().item(),
+        "pass@1": float(np.mean([pass_at_k(samples, c, 1) for c in correct])),
+        f"pass@{k}": float(np.mean([pass_at_k(samples, c, k) for c in correct])),
+        "greedy_rewards": greedy_rewards.cpu().numpy(),
+    }
+
+
+# ---- training ----
+
+@dataclasses.dataclass
+class GRPOResult:
+    """What `train` returns (named like the other agents' TrainResult)."""
+
+    run_dir: Path
+    global_step: int
+    """iterations done"""
+    final_eval_returns: np.ndarray
+    """held-out greedy reward of each final evaluation prompt"""
+    sps: float
+    """generated tokens per second of the training loop (updates and evaluations in it included)"""
+    metrics: dict[str, float]
+    """final held-out greedy_accuracy, pass@1 and pass@k"""
+    history: list[dict[str, float]]
+    """every evaluation: iteration, minutes since the start, and its metrics"""
+
+    @property
+    def final_eval_return(self) -> float:
+        return float(np.mean(self.final_eval_returns))
+
+
+def _start_run(config: GRPOConfig) -> tuple[GRPOConfig, Path | None, dict | None]:
+    """Validate a new config, or reload the config and checkpoint of an interrupted run."""
+    if config.resume is None:
+        validate(config)
+        return config, None, None
+    run_dir = Path(config.resume)
+    saved = load_run_config(run_dir, ALGO, GRPOConfig)
+    saved = dataclasses.replace(saved, resume=str(run_dir), quiet=config.quiet, max_minutes=config.max_minutes)
+    validate(saved)
+    return saved, run_dir, load_checkpoint(run_dir / CHECKPOINT_FILE, ALGO)
+
+
+def train(config: GRPOConfig) -> GRPOResult:
+    """Warm up, then sample groups, update, log, evaluate and checkpoint until `iterations` or `max_minutes`."""
+    start_time = time.perf_counter()
+    config, run_dir, checkpoint = _start_run(config)
+    set_threads(config.threads)
+    seed_everything(config.seed)
+    task = make_task(config.task, config.task_size, config.max_value, config.heldout_fraction)
+    agent = GRPO(build_policy(config, None if checkpoint is None else checkpoint["vocab"]), config)
+    iteration = 0 if checkpoint is None else checkpoint["iteration"]
+    env = GroupTokenEnv(task, agent.policy.tokenizer, config.num_prompts, config.group_size, config.max_new_tokens,
+                        config.context_length, "train", seed=config.seed)
+    heldout = task.problems("heldout", config.eval_prompts, seed=0)  # the same held-out prompts for every seed
+    env.reset()  # a prompt too long for the context fails here, before a run directory is made
+    if run_dir is None:
+        run_dir = new_run_dir(config.runs_dir, f"rlvr-{config.task}", ALGO, config.seed)
+        save_config(run_dir, ALGO, config)
+    history: list[dict[str, float]] = []
+    if checkpoint is not None:
+        agent.load_training_state(checkpoint["agent"])
+        restore_rng_state(checkpoint["rng"], env.np_random)  # the prompt sampler and torch continue where they were
+        history = checkpoint["history"]
+
+    def write_checkpoint() -> None:
+        save_checkpoint(run_dir / CHECKPOINT_FILE, {
+            "algo": ALGO, "iteration": iteration, "agent": agent.training_state(), "rng": rng_state(env.np_random),
+            "vocab": vocab_of(agent.policy.tokenizer), "history": history,
+        })
+
+    logger = RunLogger(run_dir, resume_step=None if checkpoint is None else iteration)
+
+    def run_evaluation() -> dict[str, float]:
+        metrics = evaluate(agent, task, heldout, config.eval_samples, config.pass_k)
+        greedy_rewards = metrics.pop("greedy_rewards")
+        logger.evaluation(iteration, greedy_rewards, np.zeros_like(greedy_rewards))
+        logger.scalars({f"eval/{name}": value for name, value in metrics.items()}, iteration)
+        history.append({"iteration": iteration, "minutes": (time.perf_counter() - start_time) / 60, **metrics})
+        return {**metrics, "greedy_rewards": greedy_rewards}
+
+    def out_of_time() -> bool:
+        return config.max_minutes > 0 and time.perf_counter() - start_time >= 60 * config.max_minutes
+
+    bar = progress_bar(config.iterations, iteration, config.quiet)
+    tokens = 0
+    try:
+        if checkpoint is None:
+            warmup_loss = agent.warmup(task, np.random.default_rng(config.seed))
+            agent.freeze_reference()
+            run_evaluation()
+            logger.scalars({"losses/warmup_loss": warmup_loss}, iteration)
+        loop_start = time.perf_counter()
+        while iteration < config.iterations and not out_of_time():
+            batch, rewards, stats = collect(agent, env)
+            tokens += int(stats["charts/generated_tokens"])
+            losses = {}
+            if config.anneal_lr:
+                agent.set_learning_rate(config.learning_rate * (1.0 - iteration / config.iterations))
+            if batch is not None:
+                advantages = group_advantages(rewards, config.group_size, config.scale_std, config.std_eps,
+                                              config.negative_weight)
+                losses = agent.update(batch, advantages)
+            iteration += 1
+            bar.update(1)
+            logger.scalars({**stats, **losses, "charts/SPS": tokens / (time.perf_counter() - loop_start),
+                            "charts/learning_rate": agent.optimizer.param_groups[0]["lr"]}, iteration)
+            bar.set_postfix(reward=f"{stats['charts/episodic_return']:.2f}",
+                            acc=f"{history[-1]['greedy_accuracy']:.2f}" if history else "-", refresh=False)
+            if iteration >= config.iterations or out_of_time():
+                break  # the final evaluation and checkpoint follow the loop
+            if config.eval_every and iteration % config.eval_every == 0:
+                run_evaluation()
+            if iteration % config.checkpoint_every == 0:
+                write_checkpoint()
+        metrics = run_evaluation()
+        write_checkpoint()
+        agent.save(run_dir / "model.pt")
+    finally:
+        bar.close()
+        logger.close()
+    sps = tokens / (time.perf_counter() - loop_start)
+    greedy_rewards = metrics.pop("greedy_rewards")
+    print(f"held-out after {iteration} iterations ({history[-1]['minutes']:.1f} min, {len(heldout)} prompts): "
+          + ", ".join(f"{name} {value:.3f}" for name, value in metrics.items()))
+    print(f"run saved in {run_dir}; open the curves with: tensorboard --logdir {Path(config.runs_dir)}")
+    return GRPOResult(run_dir=run_dir, global_step=iteration, final_eval_returns=greedy_rewards, sps=sps,
+                      metrics=metrics, history=history)
+
+
+if __name__ == "__main__":
+    raise SystemExit(run_cli(train, GRPOConfig))

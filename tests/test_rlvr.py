@@ -1,0 +1,352 @@
+"""RLVR: KV-cache decoding against full recomputation, the GRPO objective on hand-made groups, training, bad input."""
+
+import csv
+import json
+import math
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from keelrl.agents.common import load_checkpoint, run_cli
+from keelrl.agents.grpo import (
+    GRPO,
+    GRPOConfig,
+    aggregate,
+    clipped_policy_loss,
+    collect,
+    evaluate,
+    forking_mask,
+    group_advantages,
+    informative_groups,
+    k3_kl,
+    train,
+)
+from keelrl.envs.rlvr_tasks import Arithmetic, make_task
+from keelrl.envs.token_env import GroupTokenEnv, TokenEnv
+from keelrl.networks.char_lm import DEFAULT_VOCAB, CharTokenizer, tiny_gpt2
+from keelrl.networks.lm_policy import LMPolicy, cat_completions, left_pad, positions_of
+
+TOKENIZER = CharTokenizer()
+PROMPTS = ["3+5=", "12+7-4=", "9=", "sort 3,1="]  # different lengths: left padding is exercised
+
+
+def make_policy(temperature: float = 1.0, seed: int = 0) -> LMPolicy:
+    pytest.importorskip("transformers")
+    torch.manual_seed(seed)
+    return LMPolicy(tiny_gpt2(TOKENIZER, context_length=24, n_embd=32, n_head=2), TOKENIZER, temperature)
+
+
+def tiny_config(tmp_path, **overrides) -> GRPOConfig:
+    settings = dict(n_embd=32, n_head=2, context_length=16, max_new_tokens=4, num_prompts=4, group_size=4,
+                    iterations=4, warmup_steps=5, warmup_batch_size=16, eval_every=2, eval_prompts=8, eval_samples=4,
+                    pass_k=2, checkpoint_every=2, runs_dir=str(tmp_path), quiet=True)
+    return GRPOConfig(**{**settings, **overrides})
+
+
+# ---- the policy adapter ----
+
+def sample_by_full_recomputation(policy: LMPolicy, prompts: list[list[int]], steps: int):
+    """Reference decoding: the whole sequence goes through the model again for every token."""
+    ids, mask = left_pad(prompts, policy.pad_token_id, policy.device)
+    tokens, log_probs = [], []
+    for _ in range(steps):
+        logits = policy.model(input_ids=ids, attention_mask=mask.long(), position_ids=positions_of(mask)).logits[:, -1]
+        step_log_probs = policy.log_softmax(logits)
+        token = torch.multinomial(step_log_probs.exp(), 1).squeeze(1)
+        tokens.append(token)
+        log_probs.append(step_log_probs.gather(1, token.unsqueeze(1)).squeeze(1))
+        ids = torch.cat([ids, token.unsqueeze(1)], 1)
+        mask = torch.cat([mask, torch.ones_like(mask[:, :1])], 1)
+    return torch.stack(tokens, 1), torch.stack(log_probs, 1)
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_kv_cache_decoding_gives_the_tokens_and_log_probs_of_full_recomputation(temperature):
+    policy = make_policy(temperature)
+    prompts = [TOKENIZER.encode(p) for p in PROMPTS]
+    steps = 10
+    torch.manual_seed(1)
+    decoder = policy.decoder(prompts)
+    for _ in range(steps):
+        decoder.sample()
+    cached = decoder.completions(torch.full((len(prompts),), steps))
+    torch.manual_seed(1)
+    tokens, log_probs = sample_by_full_recomputation(policy, prompts, steps)
+    assert torch.equal(cached.tokens, tokens)
+    torch.testing.assert_close(cached.log_probs, log_probs, atol=1e-5, rtol=0)
+    # the training forward pass (one pass over prompt + completion, with gradients) agrees too
+    recomputed, entropy = policy.token_log_probs(cached)
+    torch.testing.assert_close(recomputed, cached.log_probs, atol=1e-5, rtol=0)
+    torch.testing.assert_close(entropy, cached.entropy, atol=1e-5, rtol=0)
+    assert recomputed.requires_grad
+    # a padded row sees exactly what it sees alone
+    alone = policy.decoder(prompts[2:3])
+    alone.sample()
+    torch.testing.assert_close(alone.completions(torch.ones(1)).entropy[0, 0], cached.entropy[2, 0], atol=1e-5, rtol=0)
+
+
+def test_generate_ends_each_row_at_its_first_eos():
+    policy = make_policy()
+    torch.manual_seed(3)
+    completions = policy.generate([TOKENIZER.encode("1+1=")] * 32, max_new_tokens=20)
+    eos = completions.tokens == TOKENIZER.eos_token_id
+    assert eos.any()  # a random 52-token policy ends some rows within 20 tokens
+    for row in range(32):
+        length = int(completions.mask[row].sum())
+        assert completions.mask[row, :length].all()
+        hits = eos[row].nonzero()
+        assert length == (int(hits[0]) + 1 if len(hits) else 20)
+        assert (completions.tokens[row, length:] == TOKENIZER.pad_token_id).all()
+        assert (completions.log_probs[row, length:] == 0).all()
+
+
+def test_frozen_copy_is_independent_and_untrainable():
+    policy = make_policy()
+    reference = policy.frozen_copy()
+    assert not any(p.requires_grad for p in reference.parameters())
+    with torch.no_grad():
+        next(policy.parameters()).add_(1.0)
+    assert not torch.equal(next(policy.parameters()), next(reference.parameters()))
+
+
+def test_cat_completions_repads_prompts_left_and_completions_right():
+    policy = make_policy()
+    short = policy.generate([TOKENIZER.encode("9=")], 3)
+    long = policy.generate([TOKENIZER.encode("12+7-4=")], 5)
+    both = cat_completions([short, long], policy.pad_token_id)
+    assert both.prompt_ids.shape == (2, 7) and both.tokens.shape[0] == 2
+    torch.testing.assert_close(policy.token_log_probs(both)[0][both.mask],
+                               torch.cat([short.log_probs[short.mask], long.log_probs[long.mask]]), atol=1e-5, rtol=0)
+
+
+def test_policy_refuses_a_tokenizer_without_eos():
+    pytest.importorskip("transformers")
+    tokenizer = CharTokenizer()
+    tokenizer.eos_token_id = None
+    with pytest.raises(ValueError, match="no EOS token"):
+        LMPolicy(tiny_gpt2(TOKENIZER, n_embd=32, n_head=2), tokenizer)
+
+
+def test_transformers_is_imported_only_when_a_model_is_built(monkeypatch):
+    code = ("import sys, keelrl.envs, keelrl.networks, keelrl.envs.token_env, keelrl.networks.lm_policy, "
+            "keelrl.agents.grpo; assert 'transformers' not in sys.modules")
+    subprocess.run([sys.executable, "-c", code], check=True)
+    monkeypatch.setitem(sys.modules, "transformers", None)  # as if the llm extra were not installed
+    with pytest.raises(ValueError, match=r"pip install 'keelrl\[llm\]'"):
+        tiny_gpt2(TOKENIZER)
+
+
+# ---- the GRPO objective on hand-made groups ----
+
+def test_group_advantages_with_and_without_std_scaling():
+    rewards = torch.tensor([1.0, 0, 0, 0, 1, 1, 0, 0, 1, 1, 1, 1])
+    grpo = group_advantages(rewards, 4, scale_std=True, eps=0.0)
+    s = 1 / math.sqrt(3)  # unbiased std of (1, 1, 0, 0) is sqrt(1/3); of (1, 0, 0, 0) it is 0.5
+    expected = [1.5, -0.5, -0.5, -0.5, 0.5 / s, 0.5 / s, -0.5 / s, -0.5 / s]
+    torch.testing.assert_close(grpo[:8], torch.tensor(expected))
+    assert torch.isnan(grpo[8:]).all()  # eps 0 on a zero-std group: why eps exists
+    assert torch.equal(group_advantages(rewards, 4, eps=1e-4)[8:], torch.zeros(4))
+    dr_grpo = group_advantages(rewards, 4, scale_std=False)
+    torch.testing.assert_close(dr_grpo, torch.tensor([0.75, -0.25, -0.25, -0.25, 0.5, 0.5, -0.5, -0.5, 0, 0, 0, 0]))
+    weighted = group_advantages(rewards, 4, scale_std=False, negative_weight=2.0)
+    torch.testing.assert_close(weighted, torch.tensor([0.75, -0.5, -0.5, -0.5, 0.5, 0.5, -1, -1, 0, 0, 0, 0]))
+    assert informative_groups(rewards, 4).tolist() == [True, True, False]
+    with pytest.raises(ValueError, match="at least 2"):
+        group_advantages(torch.ones(3), 1, scale_std=True)
+    torch.testing.assert_close(group_advantages(torch.tensor([1.0, 0.0]), 1, scale_std=False), torch.zeros(2))
+
+
+def test_loss_aggregation_modes():
+    values = torch.tensor([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]])
+    mask = torch.tensor([[True, True, False], [True, False, False]])
+    assert aggregate(values, mask, "token-mean", 3).item() == pytest.approx(7 / 3)
+    assert aggregate(values, mask, "sequence-mean", 3).item() == pytest.approx((1.5 + 4.0) / 2)
+    assert aggregate(values, mask, "constant", 3).item() == pytest.approx(7 / 6)
+    with pytest.raises(ValueError, match="loss aggregation"):
+        aggregate(values, mask, "sum", 3)
+
+
+def test_clipped_objective_and_k3_kl():
+    ratio = torch.tensor([[0.5, 1.0, 1.5], [0.5, 1.0, 1.5]])
+    loss, clipped = clipped_policy_loss(ratio, torch.tensor([1.0, -1.0]), clip_low=0.2, clip_high=0.28)
+    # A > 0: min(ρ, clip ρ) = (0.5, 1, 1.28); A < 0: −max(ρ, clip ρ) = −(0.8, 1, 1.5)
+    torch.testing.assert_close(loss, torch.tensor([[-0.5, -1.0, -1.28], [0.8, 1.0, 1.5]]))
+    assert clipped.tolist() == [[False, False, True], [True, False, False]]
+    log_probs = torch.log(torch.tensor([0.5, 0.3]))
+    kl = k3_kl(log_probs, torch.log(torch.tensor([0.25, 0.3])))
+    torch.testing.assert_close(kl, torch.tensor([0.5 - math.log(0.5) - 1, 0.0]))
+
+
+def test_forking_mask_keeps_the_stated_fraction_of_highest_entropy_tokens():
+    entropy = torch.rand(4, 10, generator=torch.Generator().manual_seed(0))
+    mask = torch.arange(10) < torch.tensor([10, 7, 3, 5]).unsqueeze(1)  # 25 valid tokens
+    for fraction, kept_count in [(0.2, 5), (0.5, 13), (1.0, 25), (0.01, 1)]:
+        kept = forking_mask(entropy, mask, fraction)
+        assert int(kept.sum()) == kept_count
+        assert not (kept & ~mask).any()
+        dropped = entropy[mask & ~kept]
+        assert dropped.numel() == 0 or entropy[kept].min() >= dropped.max()
+
+
+def test_update_raises_log_probs_of_positive_advantages_and_lowers_negative_ones():
+    policy = make_policy()
+    agent = GRPO(policy, GRPOConfig(learning_rate=3e-3, ent_coef=0.0, beta=0.04, update_epochs=2, num_minibatches=2))
+    agent.freeze_reference()
+    torch.manual_seed(0)
+    batch = policy.generate([TOKENIZER.encode("3+5=")] * 4 + [TOKENIZER.encode("9+9=")] * 4, max_new_tokens=4)
+    advantages = group_advantages(torch.tensor([1.0, 0, 1, 0, 0, 0, 0, 1]), 4)
+    before = (batch.log_probs * batch.mask).sum(1)
+    stats = agent.update(batch, advantages)
+    with torch.no_grad():
+        after = (policy.token_log_probs(batch)[0] * batch.mask).sum(1)
+    assert ((after - before) * advantages > 0).all()
+    assert set(stats) == {"losses/policy_loss", "losses/entropy", "losses/clip_fraction", "losses/grad_norm",
+                          "losses/kl"}
+    assert 0.0 <= stats["losses/clip_fraction"] <= 1.0 and stats["losses/kl"] >= 0.0
+    assert stats["losses/kl"] < 0.05  # the reference started equal to the policy
+
+
+class AlwaysRight(Arithmetic):
+    def verify(self, problem, completion):
+        return 1.0
+
+
+class StartsLow(Arithmetic):
+    """Reward 1 when the completion starts with a character below '5' in the vocabulary order."""
+
+    def verify(self, problem, completion):
+        return float(bool(completion) and DEFAULT_VOCAB.index(completion[0]) < 5)
+
+
+def test_dynamic_filtering_keeps_only_groups_whose_rewards_differ(tmp_path):
+    config = tiny_config(tmp_path, filter_zero_std=True, max_sample_rounds=3, num_prompts=4, group_size=4)
+    agent = GRPO(make_policy(), config)
+    env = GroupTokenEnv(AlwaysRight(), TOKENIZER, 4, 4, config.max_new_tokens, config.context_length, seed=0)
+    batch, rewards, stats = collect(agent, env)
+    assert batch is None and len(rewards) == 0
+    assert stats["charts/zero_std_fraction"] == 1.0 and stats["charts/sample_rounds"] == 3
+    env = GroupTokenEnv(StartsLow(), TOKENIZER, 4, 4, config.max_new_tokens, config.context_length, seed=0)
+    torch.manual_seed(0)
+    batch, rewards, stats = collect(agent, env)
+    assert batch is not None and len(rewards) == batch.tokens.shape[0] <= 16 and len(rewards) % 4 == 0
+    assert informative_groups(rewards, 4).all()
+
+
+# ---- training, evaluation, checkpoints ----
+
+def test_tiny_run_logs_checkpoints_loads_and_is_deterministic(tmp_path):
+    pytest.importorskip("transformers")
+    result = train(tiny_config(tmp_path / "a"))
+    assert result.global_step == 4
+    assert [h["iteration"] for h in result.history] == [0, 2, 4]
+    assert set(result.metrics) == {"greedy_accuracy", "pass@1", "pass@2"}
+    assert all(0.0 <= v <= 1.0 for v in result.metrics.values())
+    assert result.metrics["pass@2"] >= result.metrics["pass@1"]
+    with open(result.run_dir / "eval.csv") as f:
+        assert [int(row["global_step"]) for row in csv.DictReader(f)] == [0, 2, 4]
+    assert list(result.run_dir.glob("events.out.tfevents.*"))
+    checkpoint = load_checkpoint(result.run_dir / "checkpoint.pt", "grpo")  # weights_only=True
+    assert checkpoint["iteration"] == 4 and checkpoint["vocab"] == DEFAULT_VOCAB
+    agent = GRPO.load(result.run_dir / "model.pt")
+    for name, tensor in agent.policy.state_dict().items():
+        assert torch.equal(tensor, checkpoint["agent"]["policy"][name])
+    again = train(tiny_config(tmp_path / "b"))
+    assert again.history[-1] == {**result.history[-1], "minutes": again.history[-1]["minutes"]}
+    assert np.array_equal(again.final_eval_returns, result.final_eval_returns)
+
+    # the classic interface: the agent plays TokenEnv one token at a time
+    env = TokenEnv(make_task("add"), agent.policy.tokenizer, max_new_tokens=4, context_length=16)
+    obs, _ = env.reset(seed=0)
+    done = False
+    while not done:
+        obs, reward, terminated, truncated, info = env.step(agent.act(obs[None], deterministic=True)[0])
+        done = terminated or truncated
+    assert reward in (0.0, 1.0) and isinstance(info["completion"], str)
+
+
+def test_resume_continues_from_the_checkpoint(tmp_path):
+    pytest.importorskip("transformers")
+    first = train(tiny_config(tmp_path, anneal_lr=False))  # the schedule would change with the iteration budget
+    config_file = first.run_dir / "config.json"
+    saved = json.loads(config_file.read_text())
+    saved["config"]["iterations"] = 6
+    config_file.write_text(json.dumps(saved))
+    resumed = train(GRPOConfig(resume=str(first.run_dir), quiet=True))
+    assert resumed.global_step == 6 and resumed.run_dir == first.run_dir
+    assert [h["iteration"] for h in resumed.history] == [0, 2, 4, 6]
+    with open(first.run_dir / "eval.csv") as f:
+        assert [int(row["global_step"]) for row in csv.DictReader(f)] == [0, 2, 4, 6]
+    # random states are restored, so the resumed run ends where an uninterrupted one does
+    straight = train(tiny_config(tmp_path / "straight", iterations=6, anneal_lr=False))
+    resumed_weights = GRPO.load(resumed.run_dir / "model.pt").policy.state_dict()
+    for name, tensor in GRPO.load(straight.run_dir / "model.pt").policy.state_dict().items():
+        assert torch.equal(tensor, resumed_weights[name])
+
+
+def test_wall_clock_limit_stops_the_run(tmp_path):
+    pytest.importorskip("transformers")
+    result = train(tiny_config(tmp_path, iterations=1000, max_minutes=1e-4))
+    assert result.global_step == 0 and (result.run_dir / "model.pt").is_file()
+
+
+def test_evaluate_reports_greedy_accuracy_and_pass_at_k():
+    pytest.importorskip("transformers")
+    task = make_task("add")
+    agent = GRPO(make_policy(), GRPOConfig(max_new_tokens=4, context_length=16))
+    problems = task.problems("heldout", 6, seed=0)
+    metrics = evaluate(agent, AlwaysRight(), problems, samples=4, k=3)
+    assert metrics["greedy_accuracy"] == metrics["pass@1"] == metrics["pass@3"] == 1.0
+    assert metrics["greedy_rewards"].shape == (6,)
+    metrics = evaluate(agent, task, problems, samples=4, k=3)  # an untrained model: (almost) never right
+    assert metrics["pass@1"] <= metrics["pass@3"] <= 0.5
+
+
+def char_level_hf_tokenizer():
+    from tokenizers import Regex, Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {"<pad>": 0, "<eos>": 1, **{ch: i + 2 for i, ch in enumerate(DEFAULT_VOCAB)}}
+    backend = Tokenizer(models.WordLevel(vocab, unk_token="<pad>"))
+    backend.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+    return PreTrainedTokenizerFast(tokenizer_object=backend, pad_token="<pad>", eos_token="<eos>")
+
+
+def test_a_hugging_face_model_and_tokenizer_from_disk(tmp_path):
+    pytest.importorskip("transformers")
+    tokenizer = char_level_hf_tokenizer()
+    assert tokenizer.decode(tokenizer.encode("17", add_special_tokens=False)) == "1 7"  # spaces inserted
+    torch.manual_seed(0)
+    model = tiny_gpt2(tokenizer, context_length=16, n_embd=32, n_head=2)
+    model.save_pretrained(tmp_path / "model")
+    tokenizer.save_pretrained(tmp_path / "model")
+    result = train(tiny_config(tmp_path / "runs", model_path=str(tmp_path / "model"), iterations=2))
+    assert result.global_step == 2
+    agent = GRPO.load(result.run_dir / "model.pt")
+    assert len(agent.policy.tokenizer) == len(tokenizer)
+    # a completion decoded with spaces still scores: the verifier normalises
+    env = GroupTokenEnv(make_task("add"), agent.policy.tokenizer, 1, 1, 4, 16)
+    env.reset(options={"problems": [make_task("add").problems("train", 1, 0)[0]]})
+    answer = env.problems[0].solution
+    for token in tokenizer.encode(answer, add_special_tokens=False) + [tokenizer.eos_token_id]:
+        _, reward, *_ = env.step([token])
+    assert env.completions[0].replace(" ", "") == answer and reward[0] == 1.0
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--group-size", "1"], "group std needs at least 2"),
+    (["--loss-aggregation", "sum"], "--loss-aggregation must be one of"),
+    (["--pass-k", "9"], "--pass-k 9 needs at least"),
+    (["--task", "sort", "--task-size", "8", "--context-length", "12"], "context holds 12"),
+    (["--task", "mult"], "unknown RLVR task"),
+    (["--model-path", "/nonexistent/model"], "no such directory"),
+    (["--top-entropy-fraction", "0"], "--top-entropy-fraction must lie in"),
+])
+def test_bad_input_is_one_clear_line_and_exit_code_2(args, message, tmp_path, capsys):
+    pytest.importorskip("transformers")
+    assert run_cli(train, GRPOConfig, [*args, "--runs-dir", str(tmp_path), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
+    assert not list(tmp_path.iterdir())  # no run directory for a run that never started
