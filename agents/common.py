@@ -210,12 +210,11 @@ def evaluate_policy(
     env_id: str,
     episodes: int,
     seed: int,
-    obs_transform: Callable[[np.ndarray], np.ndarray] | None = None,
     env_kwargs: dict[str, Any] | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Run `episodes` episodes in parallel (one per sub-env) and return their returns and costs.
 
-    `policy` maps a batch of observations (as the agent sees them, after `obs_transform`) to
+    `policy` maps a batch of raw observations (episodes, *obs_shape) to
     a batch of actions. Sub-env i is seeded with seed + i.
     """
     env = make_vec_env(env_id, num_envs=episodes, seed=seed, env_kwargs=env_kwargs)
@@ -224,8 +223,7 @@ def evaluate_policy(
     finished = np.zeros(episodes, bool)
     obs, _ = env.reset()
     while not finished.all():
-        model_obs = obs if obs_transform is None else obs_transform(obs)
-        obs, _, _, _, info = env.step(policy(model_obs))
+        obs, _, _, _, info = env.step(policy(obs))
         if "_episode" in info:
             first = info["_episode"] & ~finished
             returns[first] = info["episode"]["return"][first]
