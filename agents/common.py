@@ -40,6 +40,8 @@ class TrainResult:
     """Environment steps per second of the training loop (evaluations and checkpoints in it included)."""
     update_sps: float
     """Environment steps per second once updates began (NaN if they never did)."""
+    final_eval_costs: np.ndarray | None = None
+    """Undiscounted cost of each final evaluation episode (zeros on a task without cost; None if not measured)."""
 
     @property
     def final_eval_return(self) -> float:

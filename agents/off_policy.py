@@ -11,6 +11,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import os
+import shutil
 import time
 from pathlib import Path
 from typing import Any, ClassVar, Literal
@@ -135,6 +136,10 @@ class OffPolicyConfig:
     """torch CPU threads (1 is robust to other busy processes; 2 is faster on an idle 2-core machine)"""
     device: str = "cpu"
     """torch device for networks and replay buffer"""
+    compile: bool = False
+    """compile the loss computations with torch.compile (a C++ compiler is needed on CPU)"""
+    cudagraphs: bool = False
+    """with --device cuda: replay the compiled losses as CUDA graphs (torch.compile's "reduce-overhead" mode)"""
     runs_dir: str = "runs"
     """parent directory of run directories"""
     resume: str | None = None
@@ -160,6 +165,12 @@ def validate_off_policy(config: OffPolicyConfig) -> None:
         raise ValueError("Clipped double-Q takes the minimum over at least 2 critics: --num-critics must be >= 2.")
     if config.device.startswith("cuda") and not torch.cuda.is_available():
         raise ValueError(f"--device {config.device}: torch sees no CUDA GPU on this machine; use --device cpu.")
+    if config.cudagraphs and not config.device.startswith("cuda"):
+        raise ValueError("--cudagraphs captures the update in CUDA graphs, which needs --device cuda (and a GPU); "
+                         "on CPU use --compile alone.")
+    if config.compile and config.device == "cpu" and not any(map(shutil.which, ("g++", "c++", "clang++"))):
+        raise ValueError("--compile on CPU needs a C++ compiler for torch.compile's generated kernels: install "
+                         "g++ (e.g. apt install g++) or drop --compile.")
     if config.utd < 1:
         raise ValueError(f"--utd (updates per environment step) must be at least 1, got {config.utd}.")
     if config.weight_decay < 0 or not 0.0 < config.final_lr_fraction <= 1.0:
@@ -230,6 +241,9 @@ class OffPolicyAgent(nn.Module):
     algo: ClassVar[str]
     config_cls: ClassVar[type]
     presets: ClassVar[dict[str, dict[str, Any]]] = {}
+    uses_cost: ClassVar[bool] = False
+    """Cost-constrained agents (agents/lagrange.py) set this: the replay buffer then stores info["cost"] and
+    `observe_episode_costs(costs, global_step)` receives the cost of every finished training episode."""
 
     def __init__(self, obs_dim: int, action_low: np.ndarray, action_high: np.ndarray, config: OffPolicyConfig):
         super().__init__()
@@ -325,13 +339,30 @@ class OffPolicyAgent(nn.Module):
         next_q = self.head.value(next_outputs).min(dim=0).values  # (E, B) -> (B,)
         return batch.rewards + batch.discounts * not_done * (next_q + next_bonus)
 
-    def critic_step(self, batch: Batch, target: torch.Tensor) -> dict[str, torch.Tensor]:
-        """One optimiser step of every critic towards `target`: the sum over critics of their mean loss."""
+    def compiled(self, loss_fn):
+        """`loss_fn` through torch.compile under --compile (CUDA graphs too under --cudagraphs), else itself.
+
+        Only loss computations are compiled (forward, and with it the backward graph); `optimize` runs
+        the backward pass and the fused optimiser step eagerly.
+        """
+        if not (self.config.compile or self.config.cudagraphs):
+            return loss_fn
+        return torch.compile(loss_fn, mode="reduce-overhead" if self.config.cudagraphs else None)
+
+    def critic_regression_loss(self, batch: Batch, target: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The sum over critics of their mean loss against `target`, and the detached outputs (E, B, K)."""
         outputs = self.critic(batch.obs, batch.actions)  # (E, B, K)
-        critic_loss = self.head.loss(outputs, target).mean(dim=1).sum()
+        return self.head.loss(outputs, target).mean(dim=1).sum(), outputs.detach()
+
+    def apply_critic_loss(self, critic_loss: torch.Tensor, outputs: torch.Tensor) -> dict[str, torch.Tensor]:
+        """One optimiser step of the critics on `critic_loss`; the logged loss and Q-values."""
         self.optimize("critic", critic_loss)
         return {"losses/qf_loss": critic_loss.detach() / outputs.shape[0],
-                "losses/qf_values": self.head.value(outputs.detach()).mean()}
+                "losses/qf_values": self.head.value(outputs).mean()}
+
+    def critic_step(self, batch: Batch, target: torch.Tensor) -> dict[str, torch.Tensor]:
+        """One optimiser step of every critic towards `target`."""
+        return self.apply_critic_loss(*self.critic_regression_loss(batch, target))
 
     def training_state(self) -> dict:
         """Networks, optimisers and the update counter: everything to continue training."""
@@ -406,7 +437,7 @@ def train_off_policy(agent_cls: type[OffPolicyAgent], config: OffPolicyConfig, v
     low, high = env.single_action_space.low, env.single_action_space.high
     agent = agent_cls(obs_dim, low, high, config).to(config.device)
     buffer = ReplayBuffer(config.buffer_size, (obs_dim,), low.shape, config.num_envs, config.device,
-                          config.n_step, config.gamma, seed=config.seed)
+                          config.n_step, config.gamma, store_cost=agent_cls.uses_cost, seed=config.seed)
     action_rng = np.random.default_rng(config.seed)
     if checkpoint is not None:
         agent.load_training_state(checkpoint["agent"])
@@ -445,7 +476,7 @@ def train_off_policy(agent_cls: type[OffPolicyAgent], config: OffPolicyConfig, v
                     f"{err} (global step {global_step + config.num_envs}). Training stopped; the last checkpoint "
                     f"in {run_dir} is kept (fix the environment, then --resume {run_dir})."
                 ) from None
-            buffer.add(obs, actions, rewards, info["final_obs"], terminated, truncated)
+            buffer.add(obs, actions, rewards, info["final_obs"], terminated, truncated, info.get("cost"))
             if agent.reward_scaler is not None:
                 agent.reward_scaler.update(rewards, terminated | truncated)
             obs = next_obs
@@ -457,6 +488,8 @@ def train_off_policy(agent_cls: type[OffPolicyAgent], config: OffPolicyConfig, v
                     recent_return = float(episode["return"][i])
                     logger.episode(global_step, recent_return, int(episode["length"][i]), float(episode["cost"][i]))
                 bar.set_postfix(ret=f"{recent_return:.1f}", refresh=False)
+                if agent_cls.uses_cost:
+                    agent.observe_episode_costs(episode["cost"][info["_episode"]], global_step)
 
             if global_step > config.learning_starts:
                 if update_start is None:
@@ -474,7 +507,7 @@ def train_off_policy(agent_cls: type[OffPolicyAgent], config: OffPolicyConfig, v
             if global_step % config.checkpoint_freq < config.num_envs:
                 write_checkpoint()
         loop_end = time.perf_counter()
-        returns, _ = run_evaluation()
+        returns, costs = run_evaluation()
         write_checkpoint()
         agent.save(run_dir / "model.pt")
     finally:
@@ -487,4 +520,4 @@ def train_off_policy(agent_cls: type[OffPolicyAgent], config: OffPolicyConfig, v
     print(f"steps/s: {sps:.1f} overall, {update_sps:.1f} while updating")
     print(f"run saved in {run_dir}; open the curves with: tensorboard --logdir {Path(config.runs_dir)}")
     return TrainResult(run_dir=run_dir, global_step=global_step, final_eval_returns=returns, sps=sps,
-                       update_sps=update_sps)
+                       update_sps=update_sps, final_eval_costs=costs)

@@ -89,6 +89,7 @@ class SAC(OffPolicyAgent):
         self.set_optimizers(learning_rates)
         self._critic_params = list(self.critic.parameters())
         self._target_params = list(self.critic_target.parameters())
+        self._critic_loss, self._actor_loss = self.compiled(self.critic_loss), self.compiled(self.actor_loss)
 
     @property
     def alpha(self) -> torch.Tensor:
@@ -109,23 +110,32 @@ class SAC(OffPolicyAgent):
                 torch._foreach_lerp_(self._target_params, self._critic_params, self.config.tau)
         return losses
 
-    def _update_critic(self, batch: Batch) -> dict[str, torch.Tensor]:
+    def critic_loss(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
+        """Every critic's loss against r + γ(1 − terminated)(min Q'(s', a') − α log π(a'|s')), a' ~ π(·|s'),
+        and the critics' outputs."""
         with torch.no_grad():
             next_actions, next_log_prob = self.actor.sample(batch.next_obs)
             target = self.td_target(batch, next_actions, next_bonus=-self.alpha * next_log_prob)
-        return self.critic_step(batch, target)
+        return self.critic_regression_loss(batch, target)
+
+    def actor_loss(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """α log π(a|s) − min_i Q_i(s, a) with a ~ π(·|s), and the detached log π(a|s)."""
+        actions, log_prob = self.actor.sample(obs)
+        q_pi = self.q_values(obs, actions).min(dim=0).values
+        return (self.alpha * log_prob - q_pi).mean(), log_prob.detach()
+
+    def _update_critic(self, batch: Batch) -> dict[str, torch.Tensor]:
+        return self.apply_critic_loss(*self._critic_loss(batch))
 
     def _update_actor_and_alpha(self, obs: torch.Tensor) -> dict[str, torch.Tensor]:
-        actions, log_prob = self.actor.sample(obs)
         self.critic.requires_grad_(False)  # the actor loss needs gradients w.r.t. actions only
-        q_pi = self.q_values(obs, actions).min(dim=0).values
+        actor_loss, log_prob = self._actor_loss(obs)
         self.critic.requires_grad_(True)
-        actor_loss = (self.alpha * log_prob - q_pi).mean()
         self.optimize("actor", actor_loss)
         losses = {"losses/actor_loss": actor_loss.detach(), "losses/alpha": self.alpha}
         if self.config.autotune:
             # the log-probs of this actor step, detached, as SB3 does (CleanRL resamples them)
-            alpha_loss = -(self.log_alpha.exp() * (log_prob.detach() + self.target_entropy)).mean()
+            alpha_loss = -(self.log_alpha.exp() * (log_prob + self.target_entropy)).mean()
             self.optimize("alpha", alpha_loss)
             losses["losses/alpha_loss"] = alpha_loss.detach()
         return losses

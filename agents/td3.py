@@ -76,6 +76,7 @@ class TD3(OffPolicyAgent):
                              "critic": (list(self.critic.parameters()), config.learning_rate)})
         self._online_params = [*self.actor.parameters(), *self.critic.parameters()]
         self._target_params = [*self.actor_target.parameters(), *self.critic_target.parameters()]
+        self._critic_loss, self._actor_loss = self.compiled(self.critic_loss), self.compiled(self.actor_loss)
 
     def policy(self, obs: torch.Tensor, deterministic: bool) -> torch.Tensor:
         actions = self.actor(obs)
@@ -93,21 +94,33 @@ class TD3(OffPolicyAgent):
                 torch._foreach_lerp_(self._target_params, self._online_params, self.config.tau)
         return losses
 
-    def _update_critic(self, batch: Batch) -> dict[str, torch.Tensor]:
+    def critic_loss(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
+        """Every critic's loss against r + γ(1 − terminated) min Q'(s', ã'), ã' the target actor's action
+        plus clipped noise; and the critics' outputs."""
         with torch.no_grad():
-            noise = torch.randn_like(batch.actions) * self.config.policy_noise
-            noise = noise.clamp(-self.config.noise_clip, self.config.noise_clip) * self.actor.action_scale
-            next_actions = torch.clamp(self.actor_target(batch.next_obs) + noise, self.action_low, self.action_high)
-            target = self.td_target(batch, next_actions, next_bonus=0.0)
-        return self.critic_step(batch, target)
+            target = self.td_target(batch, self.smoothed_target_actions(batch.next_obs), next_bonus=0.0)
+        return self.critic_regression_loss(batch, target)
+
+    def smoothed_target_actions(self, next_obs: torch.Tensor) -> torch.Tensor:
+        """The target actor's actions plus Gaussian noise clipped to ±noise_clip (target policy smoothing)."""
+        actions = self.actor_target(next_obs)
+        noise = torch.randn_like(actions) * self.config.policy_noise
+        noise = noise.clamp(-self.config.noise_clip, self.config.noise_clip) * self.actor.action_scale
+        return torch.clamp(actions + noise, self.action_low, self.action_high)
+
+    def actor_loss(self, obs: torch.Tensor) -> torch.Tensor:
+        """−Q1(s, actor(s)): the first critic only, as in the TD3 paper."""
+        return -self.q_values(obs, self.actor(obs), first_only=True).mean()
+
+    def _update_critic(self, batch: Batch) -> dict[str, torch.Tensor]:
+        return self.apply_critic_loss(*self._critic_loss(batch))
 
     def _update_actor(self, obs: torch.Tensor) -> torch.Tensor:
         self.critic.requires_grad_(False)  # the actor loss needs gradients w.r.t. actions only
-        actor_loss = -self.q_values(obs, self.actor(obs), first_only=True).mean()  # Q1, as in the TD3 paper
+        actor_loss = self._actor_loss(obs)
         self.critic.requires_grad_(True)
         self.optimize("actor", actor_loss)
         return actor_loss.detach()
-
 
 def train(config: TD3Config) -> TrainResult:
     """Train TD3 until `config.total_timesteps` environment steps (see agents/off_policy.py)."""

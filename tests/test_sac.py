@@ -164,6 +164,7 @@ def test_resume_after_kill_leaves_no_gap_or_duplicate(tmp_path):
         (["--batch-size", "0"], "--batch-size must be positive"),
         (["--learning-starts", "-1"], "non-negative"),
         (["--device", "cuda"] if not torch.cuda.is_available() else ["--gamma", "2"], "cuda|gamma"),
+        (["--cudagraphs"], "--cudagraphs .* needs --device cuda"),
         (["--env-id", "keelrl_test/NanRewardLate-v0", "--learning-starts", "100", "--batch-size", "8",
           "--checkpoint-freq", "200"], r"non-finite reward .*global step 250.*last checkpoint"),
     ],
