@@ -1,0 +1,161 @@
+"""What SAC-Lag and TD3-Lag share: the Lagrange multiplier, the cost critic and the Lagrangian actor loss.
+
+A constrained agent maximises the return subject to J_c = E[episode cost] <= d (`--cost-limit`):
+    max_π min_{λ>=0}  J_r(π) − λ (J_c(π) − d).
+- The policy step descends (−Q_r(s, π(s)) + λ Q_c(s, π(s))) / (1 + λ): the cost critic Q_c estimates
+  the discounted future cost, and dividing by 1 + λ keeps the loss (and Adam's step) on the scale of
+  the reward loss however large λ grows.
+- λ >= 0 descends the loss −λ (J_c − d) on the undiscounted cost of each finished training episode:
+  it rises while episodes cost more than the limit and falls (down to 0) while they cost less.
+  `--multiplier gradient` is that projected gradient step, λ ← max(0, λ + lr (J_c − d));
+  `--multiplier pid` is Stooke et al.'s (2020) PID Lagrangian,
+      I ← max(0, I + k_i (J_c − d)),   λ = max(0, k_p (J_c − d) + I + k_d max(0, J_c − J_c,previous)),
+  whose proportional and derivative terms damp the oscillation of the pure integral (gradient) form.
+- λ stays at `--lambda-init` for the first `--lambda-warmup` environment steps.
+No step divides by the limit, so a zero limit (no unsafe step allowed) is a valid setting.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from typing import Literal
+
+import numpy as np
+import torch
+from torch import nn
+
+from keelrl.agents.common import TrainResult, load_run_config
+from keelrl.agents.off_policy import OffPolicyAgent, OffPolicyConfig, build_critic, train_off_policy
+from keelrl.buffers import Batch
+from keelrl.envs.safety import require_cost_task
+
+
+@dataclasses.dataclass
+class LagrangeOptions:
+    cost_limit: float = 25.0
+    """largest allowed undiscounted episode cost (25: the Safety-Gymnasium/OmniSafe benchmark budget)"""
+    multiplier: Literal["gradient", "pid"] = "gradient"
+    """λ update: projected gradient ascent on episode cost − limit, or the PID Lagrangian"""
+    lambda_init: float = 0.0
+    """initial Lagrange multiplier"""
+    lambda_lr: float = 1e-3
+    """step size of the gradient multiplier: λ moves by lambda_lr × (episode cost − limit)"""
+    pid_kp: float = 0.1
+    """PID multiplier: proportional gain on episode cost − limit"""
+    pid_ki: float = 0.01
+    """PID multiplier: integral gain"""
+    pid_kd: float = 0.01
+    """PID multiplier: derivative gain on the rise of the episode cost"""
+    lambda_warmup: int = 0
+    """environment steps before λ starts to update (it stays at lambda_init until then)"""
+
+
+def validate_lagrange(config: OffPolicyConfig, agent: str) -> None:
+    """Reject option values no constrained run can use (`config` holds LagrangeOptions), and tasks without a cost."""
+    if not config.cost_limit >= 0:  # also catches NaN
+        raise ValueError(f"--cost-limit must be a non-negative number (the largest allowed episode cost; 0 allows "
+                         f"no unsafe step), got {config.cost_limit}.")
+    for name in ("lambda_init", "lambda_lr", "pid_kp", "pid_ki", "pid_kd", "lambda_warmup"):
+        if not getattr(config, name) >= 0:
+            raise ValueError(f"--{name.replace('_', '-')} must be non-negative, got {getattr(config, name)}.")
+    require_cost_task(config.env_id, config.env_backend, agent)
+
+
+def train_constrained(agent_cls: type[OffPolicyAgent], config: OffPolicyConfig, validate) -> TrainResult:
+    """Train with the off-policy loop, then report the final evaluation cost against the run's limit."""
+    result = train_off_policy(agent_cls, config, validate)
+    cost_limit = load_run_config(result.run_dir, agent_cls.algo, type(config)).cost_limit  # a resumed run's own
+    costs = result.final_eval_costs
+    verdict = "met" if costs.mean() <= cost_limit else "NOT met"
+    print(f"final evaluation cost over {len(costs)} episodes: {costs.mean():.1f} ± {costs.std():.1f} "
+          f"(cost limit {cost_limit:g}: {verdict})")
+    return result
+
+
+class GradientMultiplier(nn.Module):
+    """λ ← max(0, λ − lr ∂/∂λ[−λ (J_c − d)]) = max(0, λ + lr (J_c − d)): one step per update."""
+
+    def __init__(self, cost_limit: float, lr: float, init: float):
+        super().__init__()
+        self.cost_limit, self.lr = cost_limit, lr
+        self.register_buffer("value", torch.tensor(float(init)))
+
+    def update(self, episode_cost: float) -> None:
+        self.value.copy_((self.value + self.lr * (episode_cost - self.cost_limit)).clamp(min=0.0))
+
+
+class PIDMultiplier(nn.Module):
+    """Stooke et al. 2020: λ = max(0, k_p e + I + k_d max(0, J_c − J_c,previous)), e = J_c − d, I ← max(0, I + k_i e)."""
+
+    def __init__(self, cost_limit: float, kp: float, ki: float, kd: float, init: float):
+        super().__init__()
+        self.cost_limit, self.kp, self.ki, self.kd = cost_limit, kp, ki, kd
+        self.register_buffer("value", torch.tensor(float(init)))
+        self.register_buffer("integral", torch.tensor(float(init)))
+        self.register_buffer("previous_cost", torch.tensor(float("nan")))  # NaN: no episode seen yet
+
+    def update(self, episode_cost: float) -> None:
+        error = episode_cost - self.cost_limit
+        self.integral.copy_((self.integral + self.ki * error).clamp(min=0.0))
+        rise = 0.0 if self.previous_cost.isnan() else max(0.0, episode_cost - float(self.previous_cost))
+        self.value.copy_((self.kp * error + self.integral + self.kd * rise).clamp(min=0.0))
+        self.previous_cost.fill_(episode_cost)
+
+
+def build_multiplier(config: LagrangeOptions) -> GradientMultiplier | PIDMultiplier:
+    if config.multiplier == "pid":
+        return PIDMultiplier(config.cost_limit, config.pid_kp, config.pid_ki, config.pid_kd, config.lambda_init)
+    return GradientMultiplier(config.cost_limit, config.lambda_lr, config.lambda_init)
+
+
+def lagrangian_actor_loss(reward_loss: torch.Tensor, cost_q: torch.Tensor, lam: torch.Tensor) -> torch.Tensor:
+    """mean(reward_loss + λ Q_c) / (1 + λ); reward_loss (B,) is the unconstrained agent's per-sample loss."""
+    return (reward_loss + lam * cost_q).mean() / (1.0 + lam)
+
+
+class LagrangianMixin:
+    """The cost side of a Lagrangian agent; mixed into SAC or TD3 before the base class.
+
+    `init_cost_side` builds the cost critic ensemble (the reward critic's architecture, scalar
+    outputs, its own target) and the multiplier; the training loop stores `info["cost"]` in the
+    replay buffer (`uses_cost`) and hands finished episodes' costs to `observe_episode_costs`.
+    """
+
+    uses_cost = True
+
+    def init_cost_side(self, obs_dim: int, action_dim: int, config: OffPolicyConfig, lr: float) -> None:
+        self.cost_critic = build_critic(config, obs_dim, action_dim, num_outputs=1)
+        self.cost_critic_target = copy.deepcopy(self.cost_critic).requires_grad_(False)
+        self.lagrange = build_multiplier(config)
+        self.set_optimizers({"cost_critic": (list(self.cost_critic.parameters()), lr)})
+
+    @property
+    def lagrange_multiplier(self) -> torch.Tensor:
+        return self.lagrange.value
+
+    def observe_episode_costs(self, episode_costs: np.ndarray, global_step: int) -> None:
+        """Update λ on the mean undiscounted cost of the episodes that just finished (after the warm-up)."""
+        if global_step > self.config.lambda_warmup:
+            self.lagrange.update(float(np.mean(episode_costs)))
+
+    def cost_values(self, obs: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
+        """Q_c(s, a) (B,): the mean over the cost ensemble (neither optimistic nor pessimistic)."""
+        return self.cost_critic(obs, actions).squeeze(-1).mean(dim=0)  # (E, B, 1) -> (B,)
+
+    def cost_critic_step(self, batch: Batch, next_actions: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Regress every cost critic onto c + γ(1 − terminated) Q_c,target(s', a'); a' from the agent's target rule."""
+        with torch.no_grad():
+            next_cost_q = self.cost_critic_target(batch.next_obs, next_actions).squeeze(-1).mean(dim=0)
+            target = batch.costs + batch.discounts * (1.0 - batch.terminated) * next_cost_q
+        cost_q = self.cost_critic(batch.obs, batch.actions).squeeze(-1)  # (E, B)
+        cost_loss = (cost_q - target).pow(2).mean(dim=1).sum()
+        self.optimize("cost_critic", cost_loss)
+        return {"losses/cost_qf_loss": cost_loss.detach() / cost_q.shape[0],
+                "losses/cost_qf_values": cost_q.detach().mean(),
+                "losses/lagrange_multiplier": self.lagrange.value.clone()}
+
+    def update_cost_target(self) -> None:
+        with torch.no_grad():
+            torch._foreach_lerp_(list(self.cost_critic_target.parameters()), list(self.cost_critic.parameters()),
+                                 self.config.tau)

@@ -1,0 +1,166 @@
+"""Lagrangian agents: the multipliers (gradient and PID), the cost critic, the rescaled actor loss,
+and short SAC-Lag / TD3-Lag runs that store costs and move λ."""
+
+import csv
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+
+from keelrl.agents import sac_lag, td3_lag
+from keelrl.agents.lagrange import GradientMultiplier, PIDMultiplier, lagrangian_actor_loss
+from keelrl.agents.sac_lag import SACLag, SACLagConfig
+from keelrl.agents.td3_lag import TD3Lag, TD3LagConfig
+from keelrl.envs import CostWrapper
+
+OBS_DIM, ACTION_DIM = 5, 2  # as the fixed_batch fixture in conftest.py
+
+
+class ConstantEnv(gym.Env):
+    """10-step episodes of zeros; every step costs 1 (through CostWrapper)."""
+
+    observation_space = gym.spaces.Box(-1.0, 1.0, (3,), np.float32)
+    action_space = gym.spaces.Box(-1.0, 1.0, (1,), np.float32)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        return np.zeros(3, np.float32), {}
+
+    def step(self, action):
+        self.t += 1
+        return np.zeros(3, np.float32), 0.0, False, self.t >= 10, {}
+
+
+gym.register("keelrl_test/AlwaysCost-v0", entry_point=lambda: CostWrapper(ConstantEnv(), lambda a, o, i: 1.0))
+
+
+@pytest.fixture
+def cost_batch(fixed_batch):
+    """The fixed batch with a cost of 1 where the second observation entry is positive."""
+    return fixed_batch._replace(costs=(fixed_batch.obs[:, 1] > 0).float())
+
+
+def make_sac_lag(**overrides) -> SACLag:
+    torch.manual_seed(0)
+    config = SACLagConfig(hidden_sizes=(64, 64), **overrides)
+    return SACLag(OBS_DIM, -np.ones(ACTION_DIM), np.ones(ACTION_DIM), config)
+
+
+def test_gradient_multiplier_rises_above_the_limit_falls_below_and_stays_non_negative():
+    lam = GradientMultiplier(cost_limit=25.0, lr=0.01, init=0.5)
+    lam.update(75.0)  # 0.5 + 0.01 × 50
+    assert lam.value.item() == pytest.approx(1.0)
+    lam.update(15.0)  # 1.0 − 0.01 × 10
+    assert lam.value.item() == pytest.approx(0.9)
+    lam.update(0.0)  # 0.9 − 0.25
+    assert lam.value.item() == pytest.approx(0.65)
+    for _ in range(10):
+        lam.update(0.0)
+    assert lam.value.item() == 0.0  # projected onto λ >= 0
+    zero_limit = GradientMultiplier(cost_limit=0.0, lr=0.01, init=0.0)
+    zero_limit.update(0.0)
+    assert zero_limit.value.item() == 0.0  # a zero limit is met by a zero cost
+    zero_limit.update(3.0)
+    assert zero_limit.value.item() == pytest.approx(0.03)
+
+
+def test_pid_multiplier_terms_by_hand():
+    pid = PIDMultiplier(cost_limit=25.0, kp=0.1, ki=0.01, kd=0.05, init=0.0)
+    pid.update(45.0)  # e 20: I 0.2; λ = 2 + 0.2 (no previous cost: no derivative)
+    assert pid.value.item() == pytest.approx(2.2) and pid.integral.item() == pytest.approx(0.2)
+    pid.update(65.0)  # e 40: I 0.6; rise 20: λ = 4 + 0.6 + 1
+    assert pid.value.item() == pytest.approx(5.6)
+    pid.update(35.0)  # e 10: I 0.7; falling cost: no derivative; λ = 1 + 0.7
+    assert pid.value.item() == pytest.approx(1.7)
+    pid.update(0.0)  # e −25: I 0.45; λ = max(0, −2.5 + 0.45) = 0
+    assert pid.value.item() == 0.0 and pid.integral.item() == pytest.approx(0.45)
+    for _ in range(30):
+        pid.update(0.0)
+    assert pid.integral.item() == 0.0  # the integral is clamped at 0 too
+
+
+def test_pid_with_only_an_integral_term_is_the_gradient_multiplier():
+    pid = PIDMultiplier(cost_limit=25.0, kp=0.0, ki=0.002, kd=0.0, init=0.3)
+    gradient = GradientMultiplier(cost_limit=25.0, lr=0.002, init=0.3)
+    for cost in [100.0, 60.0, 0.0, 10.0, 300.0, 0.0]:
+        pid.update(cost)
+        gradient.update(cost)
+        assert pid.value.item() == pytest.approx(gradient.value.item())
+
+
+def test_warmup_and_episode_costs_reach_the_multiplier():
+    agent = make_sac_lag(lambda_lr=0.01, lambda_warmup=1000)
+    agent.observe_episode_costs(np.array([125.0]), global_step=1000)
+    assert agent.lagrange_multiplier.item() == 0.0  # still warming up
+    agent.observe_episode_costs(np.array([125.0, 25.0]), global_step=1001)  # mean 75: 0.01 × 50
+    assert agent.lagrange_multiplier.item() == pytest.approx(0.5)
+    assert make_sac_lag(multiplier="pid").lagrange.__class__ is PIDMultiplier
+
+
+def test_lagrangian_actor_loss_is_rescaled_by_one_plus_lambda():
+    reward_loss = torch.tensor([1.0, -2.0, 4.0])
+    cost_q = torch.tensor([0.5, 3.0, 0.0])
+    lam = torch.tensor(3.0)
+    expected = ((1.0 + 1.5) + (-2.0 + 9.0) + (4.0 + 0.0)) / 3 / 4
+    assert lagrangian_actor_loss(reward_loss, cost_q, lam).item() == pytest.approx(expected)
+    assert lagrangian_actor_loss(reward_loss, cost_q, torch.tensor(0.0)).item() == pytest.approx(1.0)
+
+
+def test_sac_lag_actor_loss_equals_a_hand_computation(cost_batch):
+    agent = make_sac_lag(autotune=False, alpha=0.1)
+    agent.lagrange.value.fill_(2.0)
+    obs = cost_batch.obs
+    torch.manual_seed(7)
+    with torch.no_grad():
+        actions, log_prob = agent.actor.sample(obs)
+        q_min = agent.critic(obs, actions).squeeze(-1).min(dim=0).values
+        cost_q = agent.cost_critic(obs, actions).squeeze(-1).mean(dim=0)
+    expected = (0.1 * log_prob - q_min + 2.0 * cost_q).mean() / 3.0
+    torch.manual_seed(7)
+    loss = agent._update_actor_and_alpha(obs)["losses/actor_loss"]
+    assert loss.item() == pytest.approx(expected.item(), rel=1e-5)
+
+
+def test_td3_lag_actor_loss_equals_a_hand_computation(cost_batch):
+    torch.manual_seed(0)
+    agent = TD3Lag(OBS_DIM, -np.ones(ACTION_DIM), np.ones(ACTION_DIM), TD3LagConfig(hidden_sizes=(64, 64)))
+    agent.lagrange.value.fill_(0.5)
+    obs = cost_batch.obs
+    with torch.no_grad():
+        actions = agent.actor(obs)
+        q1 = agent.critic(obs, actions)[0].squeeze(-1)
+        cost_q = agent.cost_critic(obs, actions).squeeze(-1).mean(dim=0)
+    expected = (-q1 + 0.5 * cost_q).mean() / 1.5
+    assert agent._update_actor(obs).item() == pytest.approx(expected.item(), rel=1e-5)
+
+
+@pytest.mark.parametrize("agent_cls, config_cls", [(SACLag, SACLagConfig), (TD3Lag, TD3LagConfig)])
+def test_cost_critic_loss_falls_on_a_fixed_batch(agent_cls, config_cls, cost_batch):
+    torch.manual_seed(0)
+    agent = agent_cls(OBS_DIM, -np.ones(ACTION_DIM), np.ones(ACTION_DIM), config_cls(hidden_sizes=(64, 64)))
+    first = agent.update(cost_batch)
+    assert {"losses/cost_qf_loss", "losses/cost_qf_values", "losses/lagrange_multiplier", "losses/qf_loss"} <= set(first)
+    losses = [agent.update(cost_batch)["losses/cost_qf_loss"].item() for _ in range(200)]
+    assert losses[-1] < 0.3 * first["losses/cost_qf_loss"].item()
+    target_moved = any(not torch.equal(a, b) for a, b in zip(agent.cost_critic_target.parameters(),
+                                                               agent.cost_critic.parameters()))
+    assert target_moved  # the target follows by Polyak averaging, not by copying
+
+
+@pytest.mark.parametrize("module, agent_cls, config_cls",
+                         [(sac_lag, SACLag, SACLagConfig), (td3_lag, TD3Lag, TD3LagConfig)])
+def test_short_run_stores_costs_and_moves_lambda(module, agent_cls, config_cls, tmp_path, capsys):
+    config = config_cls(env_id="keelrl_test/AlwaysCost-v0", total_timesteps=300, learning_starts=100, batch_size=16,
+                        hidden_sizes=(16, 16), eval_freq=0, eval_episodes=2, cost_limit=4.0, lambda_lr=0.01,
+                        runs_dir=str(tmp_path), quiet=True)
+    result = module.train(config)
+    np.testing.assert_array_equal(result.final_eval_costs, [10.0, 10.0])
+    assert "final evaluation cost over 2 episodes: 10.0 ± 0.0 (cost limit 4: NOT met)" in capsys.readouterr().out
+    with open(result.run_dir / "episodes.csv") as f:
+        assert [float(row["cost"]) for row in csv.DictReader(f)] == [10.0] * 30
+    agent = agent_cls.load(result.run_dir / "model.pt")
+    assert agent.lagrange_multiplier.item() == pytest.approx(30 * 0.01 * (10.0 - 4.0))  # saved with the model
+    buffer = torch.load(result.run_dir / "buffer.pt", weights_only=True)
+    assert torch.equal(buffer["costs"], torch.ones(300))

@@ -1,0 +1,136 @@
+"""Safety tasks: registration, gymnasium's env checker, cost against velocity step by step, CostWrapper,
+costs through the vector env and replay buffer, and clear errors for bad input."""
+
+import math
+import re
+import warnings
+
+import gymnasium as gym
+import numpy as np
+import pytest
+from gymnasium.utils.env_checker import check_env
+
+from keelrl.agents.common import run_cli
+from keelrl.agents.sac_lag import SACLagConfig, train
+from keelrl.buffers import ReplayBuffer
+from keelrl.envs import VELOCITY_TASKS, CostWrapper, make_vec_env
+
+
+class LineEnv(gym.Env):
+    """A point on a line: obs = position, action = velocity, 20-step episodes."""
+
+    observation_space = gym.spaces.Box(-np.inf, np.inf, (1,), np.float64)
+    action_space = gym.spaces.Box(-1.0, 1.0, (1,), np.float32)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.position, self.t = np.zeros(1), 0
+        return self.position.copy(), {}
+
+    def step(self, action):
+        self.position = self.position + action
+        self.t += 1
+        return self.position.copy(), float(action[0]), False, self.t >= 20, {"speed": abs(float(action[0])), "t": self.t}
+
+
+def nan_at_step_5(action, next_obs, info):
+    return math.nan if info["t"] == 5 else 0.0
+
+
+gym.register("keelrl_test/LineSpeedCost-v0",
+             entry_point=lambda: CostWrapper(LineEnv(), lambda action, next_obs, info: float(info["speed"] > 0.5)))
+gym.register("keelrl_test/LineNanCost-v0", entry_point=lambda: CostWrapper(LineEnv(), nan_at_step_5))
+
+
+@pytest.mark.parametrize("task_id", list(VELOCITY_TASKS))
+def test_gymnasium_env_checker_passes(task_id):
+    env = gym.make(task_id)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # unbounded observation spaces and the wrapper stack are only warned about
+        check_env(env, skip_render_check=True)
+    env.close()
+
+
+@pytest.mark.parametrize("task_id", list(VELOCITY_TASKS))
+def test_cost_follows_the_velocity_step_by_step(task_id):
+    """Scripted actions, with the robot pushed to 3× its threshold at step 10: cost == (speed > threshold),
+    the speed recomputed from the positions in info."""
+    base_id, threshold, planar = VELOCITY_TASKS[task_id]
+    env = gym.make(task_id)
+    assert type(env.unwrapped).__name__ == base_id.removesuffix("-v5") + "Env"  # the v5 env itself
+    assert env.spec.max_episode_steps == 1000
+    env.reset(seed=0)
+    robot, action_dim = env.unwrapped, env.action_space.shape[0]
+    position = None
+    costs = []
+    for t in range(40):
+        if t == 10:
+            qvel = robot.data.qvel.copy()
+            qvel[0] = 3 * threshold
+            robot.set_state(robot.data.qpos.copy(), qvel)
+        action = 0.2 * np.sin(0.3 * t + np.arange(action_dim)) * env.action_space.high
+        _, _, terminated, truncated, info = env.step(action.astype(np.float32))
+        new_position = np.array([info["x_position"], info.get("y_position", 0.0)])
+        if position is not None:
+            velocity = (new_position - position) / robot.dt
+            speed = np.hypot(*velocity) if planar else velocity[0]
+            assert abs(speed - threshold) > 1e-6  # no step sits on the threshold
+            assert info["cost"] == float(speed > threshold), (t, speed, info["cost"])
+        position = new_position
+        costs.append(info["cost"])
+        if terminated or truncated:
+            break
+    assert costs[:10] == [0.0] * 10 and costs[10] == 1.0  # both sides of the threshold were exercised
+    env.close()
+
+
+def test_threshold_can_be_overridden():
+    env = gym.make("keelrl/SafeHalfCheetahVelocity-v1", velocity_threshold=-100.0)
+    env.reset(seed=0)
+    assert env.step(env.action_space.sample())[-1]["cost"] == 1.0
+
+
+def test_cost_wrapper_and_vector_env_carry_costs():
+    env = make_vec_env("keelrl_test/LineSpeedCost-v0", num_envs=2, seed=0)
+    buffer = ReplayBuffer(100, (1,), (1,), num_envs=2, store_cost=True)
+    obs, _ = env.reset()
+    actions = np.array([[0.9], [0.1]], np.float32)  # sub-env 0 is fast (cost 1), sub-env 1 slow (cost 0)
+    for _ in range(20):
+        next_obs, rewards, terminated, truncated, info = env.step(actions)
+        np.testing.assert_array_equal(info["cost"], [1.0, 0.0])
+        buffer.add(obs, actions, rewards, info["final_obs"], terminated, truncated, info["cost"])
+        obs = next_obs
+    np.testing.assert_array_equal(info["episode"]["cost"], [20.0, 0.0])
+    np.testing.assert_array_equal(buffer.costs[:40].reshape(20, 2), np.tile([1.0, 0.0], (20, 1)))
+    assert buffer.sample(8).costs.shape == (8,)
+
+
+def test_nan_cost_from_a_user_cost_function_is_one_clear_error():
+    env = CostWrapper(LineEnv(), lambda action, next_obs, info: float("nan"))
+    env.reset(seed=0)
+    with pytest.raises(ValueError, match=r"cost function <lambda> returned nan at step 1 .*finite number"):
+        env.step(np.zeros(1, np.float32))
+    with pytest.raises(ValueError, match="cost_fn must be callable"):
+        CostWrapper(LineEnv(), 1.0)
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--cost-limit", "-1"], "--cost-limit must be a non-negative number"),
+        (["--cost-limit", "nan"], "--cost-limit must be a non-negative number"),
+        (["--lambda-lr", "-0.1"], "--lambda-lr must be non-negative"),
+        (["--env-id", "Hopper-v5"], r"SAC-Lag needs a task that reports a per-step cost in info\['cost'\].*CostWrapper"),
+        (["--env-id", "keelrl/SafeHoperVelocity-v1"], "Unknown gymnasium environment id"),
+        (["--env-backend", "envpool"], "cannot run keelrl's Python safety tasks: use --env-backend gymnasium"),
+        (["--env-id", "keelrl_test/LineNanCost-v0", "--learning-starts", "10"], r"returned nan at step 5"),
+    ],
+)
+def test_bad_input_is_one_clear_line_and_exit_code_2(args, message, tmp_path, capsys):
+    common = ["--env-id", "keelrl/SafeSwimmerVelocity-v1", "--total-timesteps", "40", "--batch-size", "8",
+              "--hidden-sizes", "8", "--runs-dir", str(tmp_path), "--quiet"]
+    code = run_cli(train, SACLagConfig, args=[*common, *args])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert err.startswith("error: ") and "Traceback" not in err and err.count("\n") == 1
+    assert re.search(message, err), err
