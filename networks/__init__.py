@@ -13,9 +13,11 @@ from keelrl.networks.simbav2 import (
     SimbaV2DeterministicActor,
     SimbaV2Encoder,
 )
+from keelrl.networks.streaming import ObGD, StreamMLP, sparse_init_
 
 __all__ = ["mlp", "EnsembleLinear", "EnsembleMLP", "CriticEnsemble", "TanhGaussianActor", "DeterministicActor",
            "RunningObsNorm",
            "ValueHead", "ScalarHead", "CategoricalHead", "C51Head", "HLGaussHead",
            "SimbaEncoder", "SimbaCritic", "SimbaActor", "SimbaDeterministicActor",
-           "SimbaV2Encoder", "SimbaV2Critic", "SimbaV2Actor", "SimbaV2DeterministicActor", "RewardScaler"]
+           "SimbaV2Encoder", "SimbaV2Critic", "SimbaV2Actor", "SimbaV2DeterministicActor", "RewardScaler",
+           "ObGD", "StreamMLP", "sparse_init_"]

@@ -1,0 +1,208 @@
+"""Wrappers for one (non-vector) gymnasium env that streaming agents learn from, one step at a time.
+
+- `StreamObsNormalize`: observations standardised by running Welford mean and variance;
+- `StreamRewardScale`: rewards divided by the running std of a discounted-return trace
+  u ← γu + r (u restarts at 0 after each episode);
+- `TimeFeature`: the fraction of the time limit still ahead, appended to the observation.
+
+`make_stream_env` stacks them; `stream_env_state` / `load_stream_env_state` carry their
+statistics (and the return trace) through a checkpoint, and `set_stream_env_training(env, False)`
+freezes them, e.g. for evaluation.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import torch
+
+from keelrl.envs.vec_env import _suggest
+
+
+class Welford:
+    """Mean and sample variance of a stream, one sample at a time (Welford 1962), in float64.
+
+    The variance is 1 until two samples have arrived.
+    """
+
+    def __init__(self, shape: tuple[int, ...] = ()):
+        self.count = 0
+        self.mean = np.zeros(shape, np.float64)
+        self.m2 = np.zeros(shape, np.float64)  # sum of squared deviations from the mean
+
+    def update(self, sample: np.ndarray | float) -> None:
+        self.count += 1
+        deviation = sample - self.mean
+        self.mean += deviation / self.count
+        self.m2 += deviation * (sample - self.mean)
+
+    @property
+    def var(self) -> np.ndarray:
+        return self.m2 / (self.count - 1) if self.count > 1 else np.ones_like(self.m2)
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        return {"count": torch.tensor(self.count), "mean": torch.from_numpy(self.mean.copy()),
+                "m2": torch.from_numpy(self.m2.copy())}
+
+    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        self.count = int(state["count"])
+        self.mean = state["mean"].numpy().astype(np.float64)
+        self.m2 = state["m2"].numpy().astype(np.float64)
+
+
+class StreamObsNormalize(gym.ObservationWrapper):
+    """(obs − mean) / sqrt(var + eps) with running Welford statistics, updated by every observation while `training`."""
+
+    state_key = "obs_normalizer"
+
+    def __init__(self, env: gym.Env, eps: float = 1e-8):
+        super().__init__(env)
+        self.stats = Welford(env.observation_space.shape)
+        self.eps = eps
+        self.training = True
+        self.observation_space = gym.spaces.Box(-np.inf, np.inf, env.observation_space.shape, np.float32)
+
+    def observation(self, observation: np.ndarray) -> np.ndarray:
+        if self.training:
+            self.stats.update(observation)
+        return ((observation - self.stats.mean) / np.sqrt(self.stats.var + self.eps)).astype(np.float32)
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        return self.stats.state_dict()
+
+    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        self.stats.load_state_dict(state)
+
+
+class StreamRewardScale(gym.Wrapper):
+    """r / sqrt(var(u) + eps), u ← γu + r the discounted-return trace, var its running Welford variance."""
+
+    state_key = "reward_scaler"
+
+    def __init__(self, env: gym.Env, gamma: float, eps: float = 1e-8):
+        super().__init__(env)
+        self.stats = Welford(())
+        self.gamma = gamma
+        self.eps = eps
+        self.return_trace = 0.0
+        self.training = True
+
+    @property
+    def scale(self) -> float:
+        """The current divisor of rewards."""
+        return math.sqrt(float(self.stats.var) + self.eps)
+
+    def reset(self, **kwargs):
+        self.return_trace = 0.0
+        return self.env.reset(**kwargs)
+
+    def step(self, action):
+        obs, reward, terminated, truncated, info = self.env.step(action)
+        if self.training:
+            self.return_trace = self.gamma * self.return_trace + reward
+            self.stats.update(self.return_trace)
+        if terminated or truncated:
+            self.return_trace = 0.0
+        return obs, reward / self.scale, terminated, truncated, info
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        return {**self.stats.state_dict(), "return_trace": torch.tensor(self.return_trace, dtype=torch.float64)}
+
+    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        self.stats.load_state_dict(state)
+        self.return_trace = float(state["return_trace"])
+
+
+class TimeFeature(gym.Wrapper):
+    """Appends 1 − t/T (T the env's time limit, t the steps taken this episode) to the observation."""
+
+    def __init__(self, env: gym.Env, max_episode_steps: int):
+        super().__init__(env)
+        self.max_episode_steps = max_episode_steps
+        self.elapsed = 0
+        low = np.append(env.observation_space.low, 0.0).astype(np.float32)
+        high = np.append(env.observation_space.high, 1.0).astype(np.float32)
+        self.observation_space = gym.spaces.Box(low, high, dtype=np.float32)
+
+    def _append(self, obs: np.ndarray) -> np.ndarray:
+        return np.append(obs, np.float32(1.0 - self.elapsed / self.max_episode_steps)).astype(np.float32)
+
+    def reset(self, **kwargs):
+        self.elapsed = 0
+        obs, info = self.env.reset(**kwargs)
+        return self._append(obs), info
+
+    def step(self, action):
+        obs, reward, terminated, truncated, info = self.env.step(action)
+        self.elapsed += 1
+        return self._append(obs), reward, terminated, truncated, info
+
+
+def make_stream_env(
+    env_id: str,
+    gamma: float = 0.99,
+    normalize_obs: bool = True,
+    scale_rewards: bool = True,
+    time_feature: bool = True,
+    env_kwargs: dict[str, Any] | None = None,
+) -> gym.Env:
+    """One gymnasium env: episode statistics (raw rewards, `info["episode"]`) → actions clipped to
+    the bounds of a Box space (`env.unwrapped.action_space` keeps them) → obs normaliser → time
+    feature → reward scaler, each on when asked for."""
+    try:
+        env = gym.make(env_id, **(env_kwargs or {}))
+    except gym.error.Error as err:
+        known = [k for k in gym.registry if not k.startswith("keelrl_test")]
+        raise ValueError(f"Unknown gymnasium environment id {env_id!r} ({err}).{_suggest(env_id, known)}") from None
+    if len(env.observation_space.shape) != 1:
+        raise ValueError(f"Streaming agents take flat (vector) observations; {env_id!r} has {env.observation_space}.")
+    env = gym.wrappers.RecordEpisodeStatistics(env)
+    if isinstance(env.action_space, gym.spaces.Box):
+        env = gym.wrappers.ClipAction(env)  # agents may act outside the bounds (a Gaussian policy does)
+    if normalize_obs:
+        env = StreamObsNormalize(env)
+    if time_feature:
+        if env.spec is None or env.spec.max_episode_steps is None:
+            raise ValueError(f"{env_id!r} has no time limit, which the time feature needs: pass "
+                             f"--no-time-feature, or a limit with env_kwargs max_episode_steps.")
+        env = TimeFeature(env, env.spec.max_episode_steps)
+    if scale_rewards:
+        env = StreamRewardScale(env, gamma)
+    return env
+
+
+def _stateful_wrappers(env: gym.Env) -> list[gym.Wrapper]:
+    wrappers = []
+    while isinstance(env, gym.Wrapper):
+        if hasattr(env, "state_key"):
+            wrappers.append(env)
+        env = env.env
+    return wrappers
+
+
+def stream_wrapper(env: gym.Env, state_key: str) -> gym.Wrapper | None:
+    """The stateful wrapper of `env` saved under `state_key` ("obs_normalizer", "reward_scaler"), if any."""
+    return next((w for w in _stateful_wrappers(env) if w.state_key == state_key), None)
+
+
+def stream_env_state(env: gym.Env) -> dict[str, dict[str, torch.Tensor]]:
+    """The normalisers' statistics and the return trace, to save with a checkpoint."""
+    return {wrapper.state_key: wrapper.state_dict() for wrapper in _stateful_wrappers(env)}
+
+
+def load_stream_env_state(env: gym.Env, state: dict[str, dict[str, torch.Tensor]]) -> None:
+    """Load what `stream_env_state` saved; every normaliser of `env` must have saved state."""
+    for wrapper in _stateful_wrappers(env):
+        if wrapper.state_key not in state:
+            raise ValueError(f"Saved env state has {sorted(state)} but this env has a {wrapper.state_key}: "
+                             f"use the same normalisation flags as the saved run.")
+        wrapper.load_state_dict(state[wrapper.state_key])
+
+
+def set_stream_env_training(env: gym.Env, mode: bool) -> None:
+    """Update the normalisers' statistics (True) or freeze them (False)."""
+    for wrapper in _stateful_wrappers(env):
+        wrapper.training = mode

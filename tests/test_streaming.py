@@ -1,0 +1,375 @@
+"""Streaming agents: ObGD's bound and traces, sparse init, the streaming wrappers against numpy,
+stream AC / Q / TD updates, runs, resume after a kill, and clear errors."""
+
+import csv
+import math
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+
+from keelrl.agents.common import run_cli
+from keelrl.agents.stream_ac import StreamAC, StreamACConfig
+from keelrl.agents.stream_q import StreamQ, StreamQConfig
+from keelrl.agents.stream_q import train as train_q
+from keelrl.agents.stream_td import StreamTD, StreamTDConfig, monte_carlo_errors, value_error
+from keelrl.agents.stream_td import train as train_td
+from keelrl.agents.streaming import Transition
+from keelrl.envs.streaming_wrappers import (
+    StreamObsNormalize,
+    StreamRewardScale,
+    TimeFeature,
+    Welford,
+    load_stream_env_state,
+    make_stream_env,
+    stream_env_state,
+)
+from keelrl.networks.streaming import ObGD, StreamMLP, sparse_init_
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def set_grads(params, grads):
+    for p, g in zip(params, grads):
+        p.grad.copy_(g)
+
+
+@pytest.mark.parametrize("adaptive", [False, True])
+def test_obgd_step_obeys_its_bound_on_random_gradients(adaptive):
+    torch.manual_seed(0)
+    params = [torch.nn.Parameter(torch.randn(7, 5)), torch.nn.Parameter(torch.randn(5))]
+    kappa, lr = 2.0, 1.0
+    optimizer = ObGD(params, lr=lr, kappa=kappa, adaptive=adaptive)
+    active = inactive = 0
+    for step in range(200):
+        scale = 10.0 ** torch.empty(()).uniform_(-4, 1).item()  # from tiny gradients (bound off) to large ones
+        set_grads(params, [torch.randn_like(p) * scale for p in params])
+        delta = float(torch.randn(()) * 3)
+        before = optimizer.flat_params.clone()
+        step_size = optimizer.step(delta, reset=step % 3 == 0)
+        moved = optimizer.flat_params - before
+        direction = moved / (step_size * delta)  # the (scaled) trace the step followed
+        effective = step_size * max(abs(delta), 1.0) * direction.abs().sum().item()
+        assert effective <= 1.0 / kappa * (1 + 1e-4)
+        if lr * kappa * max(abs(delta), 1.0) * direction.abs().sum().item() > 1.0:
+            active += 1
+            assert effective == pytest.approx(1.0 / kappa, rel=1e-4)
+        else:
+            inactive += 1
+            assert step_size == lr
+        optimizer.zero_grad()
+    assert active > 20 and inactive > 20  # both regimes were exercised
+
+
+def test_obgd_traces_decay_by_gamma_lambda_and_reset_at_episode_end():
+    params = [torch.nn.Parameter(torch.zeros(3, 2)), torch.nn.Parameter(torch.zeros(2))]
+    optimizer = ObGD(params, lr=1e-3, gamma=0.9, lam=0.5)
+    first = [torch.ones(3, 2), torch.full((2,), 2.0)]
+    set_grads(params, first)
+    optimizer.step(0.1)
+    torch.testing.assert_close(optimizer.trace, torch.cat([g.reshape(-1) for g in first]))
+    optimizer.zero_grad()
+    optimizer.step(0.1)  # zero gradient: the trace only decays
+    torch.testing.assert_close(optimizer.trace, 0.45 * torch.cat([g.reshape(-1) for g in first]))
+    set_grads(params, first)
+    optimizer.step(0.1, reset=True)
+    assert optimizer.trace.abs().sum() == 0
+    # the gradient views survive a module-style zero_grad(set_to_none=True)
+    for p in params:
+        p.grad = None
+    optimizer.zero_grad()
+    (params[0].sum() + params[1].sum()).backward()
+    assert optimizer.flat_grads.sum() == 8
+
+
+def test_sparse_init_zeroes_ninety_percent_of_each_row():
+    weight = torch.empty(64, 100)
+    sparse_init_(weight, 0.9)
+    assert ((weight == 0).sum(dim=1) == 90).all()
+    assert weight.abs().max() <= 1 / math.sqrt(100)
+    network = StreamMLP(5, (32, 32), 2)
+    linears = [*network.hidden, network.output]
+    assert [(m.weight == 0).sum(dim=1).min().item() for m in linears] == [4, 28, 28]  # 90% of 5 keeps one input
+    assert all((m.bias == 0).all() for m in linears)
+    assert sum(p.numel() for p in network.parameters()) == sum(m.weight.numel() + m.bias.numel() for m in linears)
+
+
+class StreamTestEnv(gym.Env):
+    """Random observations (3,) and rewards; episodes of 7 steps, the 4th episode terminates at step 3."""
+
+    observation_space = gym.spaces.Box(-np.inf, np.inf, (3,))
+    action_space = gym.spaces.Discrete(2)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        self.episode = getattr(self, "episode", -1) + 1
+        return self.np_random.normal([1.0, -2.0, 5.0], [1.0, 3.0, 0.1]).astype(np.float32), {}
+
+    def step(self, action):
+        self.t += 1
+        obs = self.np_random.normal([1.0, -2.0, 5.0], [1.0, 3.0, 0.1]).astype(np.float32)
+        return obs, float(self.np_random.exponential(2.0)), self.episode == 3 and self.t == 3, False, {}
+
+
+gym.register("keelrl_test/StreamTest-v0", entry_point=StreamTestEnv, max_episode_steps=7)
+
+
+class Recorder(gym.Wrapper):
+    """Keeps every raw observation (resets included) and reward that passes through."""
+
+    def __init__(self, env):
+        super().__init__(env)
+        self.observations, self.rewards = [], []
+
+    def reset(self, **kwargs):
+        obs, info = self.env.reset(**kwargs)
+        self.observations.append(obs)
+        return obs, info
+
+    def step(self, action):
+        obs, reward, terminated, truncated, info = self.env.step(action)
+        self.observations.append(obs)
+        self.rewards.append((reward, terminated or truncated))
+        return obs, reward, terminated, truncated, info
+
+
+def test_wrappers_match_numpy_on_a_stream():
+    recorder = Recorder(gym.make("keelrl_test/StreamTest-v0"))
+    env = StreamRewardScale(TimeFeature(StreamObsNormalize(recorder), max_episode_steps=7), gamma=0.9)
+    env.reset(seed=0)
+    trace, traces, elapsed = 0.0, [], 0
+    for _ in range(60):
+        obs, reward, terminated, truncated, _ = env.step(0)
+        elapsed += 1
+        history = np.array(recorder.observations, np.float64)  # every raw observation so far
+        expected_obs = (history[-1] - history.mean(0)) / np.sqrt(history.var(0, ddof=1) + 1e-8)
+        np.testing.assert_allclose(obs[:3], expected_obs, rtol=1e-5, atol=1e-5)
+        assert obs[3] == pytest.approx(1 - elapsed / 7)  # the time feature
+        raw_reward, _ = recorder.rewards[-1]
+        trace = 0.9 * trace + raw_reward
+        traces.append(trace)
+        expected_scale = np.sqrt(np.var(traces, ddof=1) + 1e-8) if len(traces) > 1 else 1.0
+        assert reward == pytest.approx(raw_reward / expected_scale, rel=1e-6)
+        if terminated or truncated:
+            trace, elapsed = 0.0, 0
+            env.reset()
+    assert env.unwrapped.episode == 9  # 3 episodes of 7 steps, one of 3 (terminated), then 7-step ones
+
+
+def test_welford_matches_numpy_and_round_trips():
+    rng = np.random.default_rng(0)
+    stream = rng.normal(3.0, 2.0, (500, 4))
+    stats = Welford((4,))
+    for x in stream:
+        stats.update(x)
+    np.testing.assert_allclose(stats.mean, stream.mean(0), rtol=1e-10)
+    np.testing.assert_allclose(stats.var, stream.var(0, ddof=1), rtol=1e-10)
+    copy = Welford((4,))
+    copy.load_state_dict(stats.state_dict())
+    np.testing.assert_array_equal(copy.mean, stats.mean)
+    np.testing.assert_array_equal(copy.var, stats.var)
+
+
+def test_env_state_round_trip_and_frozen_statistics():
+    env = make_stream_env("keelrl_test/StreamTest-v0")
+    env.reset(seed=1)
+    for _ in range(10):
+        env.step(1)
+    state = stream_env_state(env)
+    assert set(state) == {"obs_normalizer", "reward_scaler"} and int(state["obs_normalizer"]["count"]) == 11
+    other = make_stream_env("keelrl_test/StreamTest-v0")
+    load_stream_env_state(other, state)
+    for key, saved in stream_env_state(other).items():
+        for name, value in saved.items():
+            torch.testing.assert_close(value, state[key][name])
+    with pytest.raises(ValueError, match="same normalisation flags"):
+        load_stream_env_state(other, {"obs_normalizer": state["obs_normalizer"]})
+    wrappers = [w for w in (other, other.env, other.env.env) if isinstance(w, (StreamObsNormalize, StreamRewardScale, TimeFeature))]
+    assert len(wrappers) == 3
+
+
+def q_agent(**overrides) -> StreamQ:
+    torch.manual_seed(0)
+    return StreamQ(4, gym.spaces.Discrete(3), StreamQConfig(hidden_sizes=(16, 16), **overrides))
+
+
+def test_stream_q_cuts_the_trace_after_an_exploratory_action():
+    agent = q_agent()
+    optimizer = agent.optimizers["q_network"]
+    rng = np.random.default_rng(0)
+    observations = rng.normal(size=(4, 4)).astype(np.float32)
+
+    def gradient(obs, action):
+        q_value = agent.q_network(torch.as_tensor(obs))[action]
+        return torch.cat([g.reshape(-1) for g in torch.autograd.grad(q_value, list(agent.q_network.parameters()))])
+
+    for i, explore in enumerate([False, False, True, False]):
+        obs = observations[i]
+        greedy = agent.act(obs, deterministic=True)
+        action = (greedy + 1) % 3 if explore else greedy
+        expected = gradient(obs, action) + (0.0 if explore else 0.99 * 0.8 * optimizer.trace)
+        agent.update(Transition(obs, action, 1.0, observations[(i + 1) % 4], False, False))
+        torch.testing.assert_close(optimizer.trace, expected)  # greedy: γλe + ∇Q; exploratory: ∇Q only
+
+
+def test_stream_q_epsilon_decays_linearly():
+    agent = q_agent(total_timesteps=1000, exploration_fraction=0.5, start_e=1.0, end_e=0.1)
+    assert agent.epsilon == 1.0
+    agent.num_updates = 250
+    assert agent.epsilon == pytest.approx(0.55)
+    agent.num_updates = 900
+    assert agent.epsilon == pytest.approx(0.1)
+
+
+@pytest.mark.parametrize("make_agent", [
+    lambda: StreamAC(4, gym.spaces.Box(-np.ones(2, np.float32), np.ones(2, np.float32)), StreamACConfig(hidden_sizes=(16, 16))),
+    lambda: StreamAC(4, gym.spaces.Discrete(3), StreamACConfig(hidden_sizes=(16, 16))),
+    lambda: q_agent(),
+    lambda: StreamTD(4, gym.spaces.Discrete(3), StreamTDConfig(hidden_sizes=(16, 16))),
+], ids=["ac-box", "ac-discrete", "q", "td"])
+def test_repeated_updates_on_one_terminal_transition_shrink_the_td_error(make_agent):
+    torch.manual_seed(0)
+    agent = make_agent()
+    obs = np.array([0.5, -1.0, 2.0, 0.1], np.float32)
+    action = agent.act(obs, deterministic=True)
+    errors = [agent.update(Transition(obs, action, 3.0, obs, True, True))["losses/td_error"] for _ in range(30)]
+    assert abs(errors[-1]) < 0.05 * abs(errors[0])
+    assert all(math.isfinite(e) for e in errors)
+
+
+def test_stream_ac_policy_moves_towards_actions_with_positive_td_error():
+    torch.manual_seed(0)
+    agent = StreamAC(4, gym.spaces.Box(-np.ones(2, np.float32), np.ones(2, np.float32)),
+                     StreamACConfig(hidden_sizes=(16, 16), entropy_coef=0.0))
+    obs = np.array([0.5, -1.0, 2.0, 0.1], np.float32)
+    action = np.array([0.8, -0.6], np.float32)
+    mean_before, _ = agent._gaussian(torch.as_tensor(obs))
+    for _ in range(20):
+        agent.update(Transition(obs, action, 5.0, obs, True, True))  # V starts near 0: δ > 0
+    mean_after, _ = agent._gaussian(torch.as_tensor(obs))
+    assert (np.abs(mean_after.detach().numpy() - action) < np.abs(mean_before.detach().numpy() - action)).all()
+
+
+def test_monte_carlo_errors_keep_only_steps_whose_tail_is_negligible():
+    errors = monte_carlo_errors([0.0, 0.0, 0.0], [1.0, 1.0, 1.0], 0.5, terminated=True)
+    np.testing.assert_allclose(errors, [-1.75, -1.5, -1.0])
+    # truncated: the step 3 before the end misses 0.5**3 = 0.125 > 0.01 of its tail, only earlier ones count
+    assert len(monte_carlo_errors([0.0] * 10, [1.0] * 10, 0.5, terminated=False)) == 4
+
+
+def tiny(config_cls, tmp_path, **overrides):
+    settings = dict(env_id="CartPole-v1", total_timesteps=1500, hidden_sizes=(16, 16), eval_freq=1000,
+                    eval_episodes=2, checkpoint_freq=500, log_freq=100, runs_dir=str(tmp_path), quiet=True)
+    return config_cls(**{**settings, **overrides})
+
+
+def read_episodes(run_dir: Path) -> list[dict]:
+    with (run_dir / "episodes.csv").open() as f:
+        return list(csv.DictReader(f))
+
+
+def test_stream_q_runs_are_reproducible_and_complete(tmp_path):
+    first = train_q(tiny(StreamQConfig, tmp_path / "a", seed=3))
+    second = train_q(tiny(StreamQConfig, tmp_path / "b", seed=3))
+    other = train_q(tiny(StreamQConfig, tmp_path / "c", seed=4))
+    returns = lambda result: [row["return"] for row in read_episodes(result.run_dir)]  # noqa: E731
+    assert len(returns(first)) > 10
+    assert returns(first) == returns(second) and returns(first) != returns(other)
+    np.testing.assert_array_equal(first.final_eval_returns, second.final_eval_returns)
+    for name in ("config.json", "episodes.csv", "eval.csv", "checkpoint.pt", "model.pt"):
+        assert (first.run_dir / name).is_file(), name
+    assert any(p.name.startswith("events.out.tfevents") for p in first.run_dir.iterdir())
+    evals = list(csv.DictReader((first.run_dir / "eval.csv").open()))
+    assert [int(row["global_step"]) for row in evals] == [1000, 1500]
+    # the saved model acts as the trained one, with the run's normaliser statistics
+    loaded = StreamQ.load(first.run_dir / "model.pt")
+    assert int(loaded.env_state["reward_scaler"]["count"]) == 1500
+    from keelrl.agents.stream_q import evaluate
+    np.testing.assert_array_equal(evaluate(loaded, "CartPole-v1", 2, 3 + 10_000)[0], first.final_eval_returns)
+
+
+def test_stream_td_learns_the_random_policy_value(tmp_path):
+    result = train_td(tiny(StreamTDConfig, tmp_path, total_timesteps=4000, eval_freq=0, eval_episodes=20))
+    trained = StreamTD.load(result.run_dir / "model.pt")
+    untrained = StreamTD(trained.obs_dim, trained.action_space, trained.config)
+    untrained.env_state = trained.env_state
+    _, _, trained_error = value_error(trained, "CartPole-v1", 20, seed=100)
+    _, _, untrained_error = value_error(untrained, "CartPole-v1", 20, seed=100)
+    assert trained_error < 0.5 * untrained_error
+
+
+def test_resume_after_kill_leaves_no_gap_or_duplicate(tmp_path):
+    args = ["--env-id", "CartPole-v1", "--total-timesteps", "5000", "--hidden-sizes", "16", "16",
+            "--checkpoint-freq", "1000", "--eval-freq", "0", "--eval-episodes", "2", "--runs-dir", str(tmp_path),
+            "--quiet"]
+    process = subprocess.Popen([sys.executable, "-m", "keelrl.agents.stream_q", *args], cwd=REPO,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline, run_dir = time.time() + 120, None
+    while time.time() < deadline and process.poll() is None:
+        runs = list(tmp_path.iterdir())
+        if runs and (runs[0] / "checkpoint.pt").exists():
+            run_dir = runs[0]
+            rows = read_episodes(run_dir)
+            if rows and int(rows[-1]["global_step"]) > 1300:
+                break
+        time.sleep(0.05)
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    assert run_dir is not None, process.stderr.read().decode()
+    checkpoint = torch.load(run_dir / "checkpoint.pt", weights_only=True)
+    assert 1000 <= checkpoint["global_step"] < 5000
+    assert set(checkpoint["env"]) == {"obs_normalizer", "reward_scaler"}
+    assert set(checkpoint["agent"]["optimizers"]["q_network"]) == {"trace", "second_moment", "num_steps"}
+    before = read_episodes(run_dir)
+    assert int(before[-1]["global_step"]) > checkpoint["global_step"]
+
+    result = train_q(StreamQConfig(resume=str(run_dir), quiet=True))
+    assert result.global_step == 5000
+    after = read_episodes(run_dir)
+    steps = [int(row["global_step"]) for row in after]
+    assert steps == sorted(set(steps))
+    kept = [row for row in before if int(row["global_step"]) <= checkpoint["global_step"]]
+    assert after[: len(kept)] == kept and steps[len(kept)] > checkpoint["global_step"]
+    # the reward scaler's statistics count every step, before and after the interruption
+    model = StreamQ.load(run_dir / "model.pt")
+    assert int(model.env_state["reward_scaler"]["count"]) == 5000
+    assert torch.load(run_dir / "checkpoint.pt", weights_only=True)["agent"]["num_updates"] == 5000
+
+
+@pytest.mark.parametrize(
+    "module, args, message",
+    [
+        ("stream_q", ["--env-id", "Hopper-v5"], r"Stream Q needs a Discrete action space.*stream_ac"),
+        ("stream_ac", ["--env-id", "Hoper-v5"], "Did you mean 'Hopper-v5'"),
+        ("stream_ac", ["--total-timesteps", "0"], "--total-timesteps must be positive"),
+        ("stream_ac", ["--lam", "1.5"], r"--lam must lie in \[0, 1\]"),
+        ("stream_q", ["--end-e", "0.5", "--start-e", "0.1"], "--end-e <= --start-e"),
+        ("stream_td", ["--policy", "missing.pt"], "no such file"),
+        ("stream_ac", ["--env-id", "keelrl_test/NanRewardLate-v0", "--checkpoint-freq", "200"],
+         r"non-finite reward .*global step 250.*last checkpoint"),
+    ],
+)
+def test_bad_input_is_one_clear_line_and_exit_code_2(module, args, message, tmp_path, capsys):
+    agent_module = __import__(f"keelrl.agents.{module}", fromlist=["train"])
+    config_cls = {"stream_q": StreamQConfig, "stream_ac": StreamACConfig, "stream_td": StreamTDConfig}[module]
+    code = run_cli(agent_module.train, config_cls, args=[*args, "--runs-dir", str(tmp_path), "--quiet",
+                                                         "--hidden-sizes", "8"])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert err.startswith("error: ") and "Traceback" not in err
+    assert re.search(message, err), err
+
+
+def test_resume_of_another_streaming_algorithms_run(tmp_path, capsys):
+    result = train_q(tiny(StreamQConfig, tmp_path, total_timesteps=200, eval_freq=0))
+    from keelrl.agents.stream_ac import train as train_ac
+    assert run_cli(train_ac, StreamACConfig, args=["--resume", str(result.run_dir)]) == 2
+    assert "that run is 'stream_q', not 'stream_ac'" in capsys.readouterr().err
