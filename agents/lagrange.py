@@ -17,6 +17,7 @@ No step divides by the limit, so a zero limit (no unsafe step allowed) is a vali
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 from typing import Literal
@@ -129,6 +130,9 @@ class LagrangianMixin:
         self.cost_critic_target = copy.deepcopy(self.cost_critic).requires_grad_(False)
         self.lagrange = build_multiplier(config)
         self.set_optimizers({"cost_critic": (list(self.cost_critic.parameters()), lr)})
+        self._cost_critic_params = list(self.cost_critic.parameters())
+        self._cost_target_params = list(self.cost_critic_target.parameters())
+        self._cost_critic_loss = self.compiled(self.cost_critic_loss)
 
     @property
     def lagrange_multiplier(self) -> torch.Tensor:
@@ -143,19 +147,30 @@ class LagrangianMixin:
         """Q_c(s, a) (B,): the mean over the cost ensemble (neither optimistic nor pessimistic)."""
         return self.cost_critic(obs, actions).squeeze(-1).mean(dim=0)  # (E, B, 1) -> (B,)
 
-    def cost_critic_step(self, batch: Batch, next_actions: torch.Tensor) -> dict[str, torch.Tensor]:
-        """Regress every cost critic onto c + γ(1 − terminated) Q_c,target(s', a'); a' from the agent's target rule."""
+    def cost_critic_loss(self, batch: Batch, next_actions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Every cost critic's loss against c + γ(1 − terminated) Q_c,target(s', a') (a' from the agent's
+        target rule), and the cost critics' outputs (E, B)."""
         with torch.no_grad():
             next_cost_q = self.cost_critic_target(batch.next_obs, next_actions).squeeze(-1).mean(dim=0)
             target = batch.costs + batch.discounts * (1.0 - batch.terminated) * next_cost_q
-        cost_q = self.cost_critic(batch.obs, batch.actions).squeeze(-1)  # (E, B)
-        cost_loss = (cost_q - target).pow(2).mean(dim=1).sum()
+        cost_q = self.cost_critic(batch.obs, batch.actions).squeeze(-1)  # (E, B, 1) -> (E, B)
+        return (cost_q - target).pow(2).mean(dim=1).sum(), cost_q.detach()
+
+    def cost_critic_step(self, batch: Batch, next_actions: torch.Tensor) -> dict[str, torch.Tensor]:
+        """One optimiser step of the cost critics, then their targets follow by Polyak averaging."""
+        cost_loss, cost_q = self._cost_critic_loss(batch, next_actions)
         self.optimize("cost_critic", cost_loss)
+        with torch.no_grad():
+            torch._foreach_lerp_(self._cost_target_params, self._cost_critic_params, self.config.tau)
         return {"losses/cost_qf_loss": cost_loss.detach() / cost_q.shape[0],
-                "losses/cost_qf_values": cost_q.detach().mean(),
+                "losses/cost_qf_values": cost_q.mean(),
                 "losses/lagrange_multiplier": self.lagrange.value.clone()}
 
-    def update_cost_target(self) -> None:
-        with torch.no_grad():
-            torch._foreach_lerp_(list(self.cost_critic_target.parameters()), list(self.cost_critic.parameters()),
-                                 self.config.tau)
+    @contextlib.contextmanager
+    def frozen_cost_critic(self):
+        """The cost critic without parameter gradients: the actor loss needs gradients w.r.t. actions only."""
+        self.cost_critic.requires_grad_(False)
+        try:
+            yield
+        finally:
+            self.cost_critic.requires_grad_(True)

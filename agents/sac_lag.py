@@ -5,7 +5,8 @@ Import:  from keelrl.agents.sac_lag import SACLag, SACLagConfig, train, evaluate
 
 The algorithm, top to bottom (SAC's parts come from agents/sac.py, the cost side from agents/lagrange.py):
 - SAC's twin reward critics, tanh-Gaussian actor and autotuned α, unchanged;
-- a cost critic ensemble regresses onto c + γ(1 − terminated) Q_c,target(s', a'), a' ~ π(·|s');
+- a cost critic ensemble regresses onto c + γ(1 − terminated) Q_c,target(s', a'), a' ~ π(·|s'), and its
+  target follows by Polyak averaging after every step;
 - the actor descends (α log π(a|s) − min Q_r(s, a) + λ Q_c(s, a)) / (1 + λ), a ~ π(·|s);
 - λ >= 0 follows episode cost − `cost_limit` after each finished training episode (gradient or PID).
 The task must report `info["cost"]` (keelrl/Safe*Velocity-v1, or an env in keelrl.envs.CostWrapper).
@@ -57,30 +58,24 @@ class SACLag(LagrangianMixin, SAC):
         self.init_cost_side(obs_dim, len(action_low), config, lr=config.q_lr)
 
     def learn(self, batch: Batch) -> dict[str, torch.Tensor]:
-        """SAC's update (with the Lagrangian actor loss below), then one cost critic step."""
+        """SAC's update (its actor loss is the Lagrangian one below), then one cost critic step."""
         losses = super().learn(batch)
         with torch.no_grad():
             next_actions, _ = self.actor.sample(batch.next_obs)
         losses.update(self.cost_critic_step(batch, next_actions))
-        self.update_cost_target()
         return losses
 
-    def _update_actor_and_alpha(self, obs: torch.Tensor) -> dict[str, torch.Tensor]:
+    def actor_loss(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(α log π(a|s) − min_i Q_i(s, a) + λ Q_c(s, a)) / (1 + λ) with a ~ π(·|s), and the detached log π(a|s)."""
         actions, log_prob = self.actor.sample(obs)
-        self.critic.requires_grad_(False)  # the actor loss needs gradients w.r.t. actions only
-        self.cost_critic.requires_grad_(False)
         q_pi = self.q_values(obs, actions).min(dim=0).values
-        cost_q_pi = self.cost_values(obs, actions)
-        self.critic.requires_grad_(True)
-        self.cost_critic.requires_grad_(True)
-        actor_loss = lagrangian_actor_loss(self.alpha * log_prob - q_pi, cost_q_pi, self.lagrange_multiplier)
-        self.optimize("actor", actor_loss)
-        losses = {"losses/actor_loss": actor_loss.detach(), "losses/alpha": self.alpha}
-        if self.config.autotune:
-            alpha_loss = -(self.log_alpha.exp() * (log_prob.detach() + self.target_entropy)).mean()
-            self.optimize("alpha", alpha_loss)
-            losses["losses/alpha_loss"] = alpha_loss.detach()
-        return losses
+        loss = lagrangian_actor_loss(self.alpha * log_prob - q_pi, self.cost_values(obs, actions),
+                                     self.lagrange_multiplier)
+        return loss, log_prob.detach()
+
+    def _update_actor_and_alpha(self, obs: torch.Tensor) -> dict[str, torch.Tensor]:
+        with self.frozen_cost_critic():
+            return super()._update_actor_and_alpha(obs)
 
 
 def train(config: SACLagConfig) -> TrainResult:

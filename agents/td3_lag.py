@@ -6,7 +6,7 @@ Import:  from keelrl.agents.td3_lag import TD3Lag, TD3LagConfig, train, evaluate
 The algorithm, top to bottom (TD3's parts come from agents/td3.py, the cost side from agents/lagrange.py):
 - TD3's twin reward critics, deterministic actor, target policy smoothing and delayed updates, unchanged;
 - a cost critic ensemble regresses onto c + γ(1 − terminated) Q_c,target(s', ã'), ã' the target
-  actor's action with the same clipped smoothing noise;
+  actor's action with the same clipped smoothing noise; its target follows after every step;
 - every `policy_frequency` updates the actor descends (−Q1_r(s, π(s)) + λ Q_c(s, π(s))) / (1 + λ);
 - λ >= 0 follows episode cost − `cost_limit` after each finished training episode (gradient or PID).
 The task must report `info["cost"]` (keelrl/Safe*Velocity-v1, or an env in keelrl.envs.CostWrapper).
@@ -58,27 +58,22 @@ class TD3Lag(LagrangianMixin, TD3):
         self.init_cost_side(obs_dim, len(action_low), config, lr=config.learning_rate)
 
     def learn(self, batch: Batch) -> dict[str, torch.Tensor]:
-        """TD3's update (with the Lagrangian actor loss below), then one cost critic step."""
+        """TD3's update (its actor loss is the Lagrangian one below), then one cost critic step."""
         losses = super().learn(batch)
         with torch.no_grad():
-            noise = torch.randn_like(batch.actions) * self.config.policy_noise
-            noise = noise.clamp(-self.config.noise_clip, self.config.noise_clip) * self.actor.action_scale
-            next_actions = torch.clamp(self.actor_target(batch.next_obs) + noise, self.action_low, self.action_high)
+            next_actions = self.smoothed_target_actions(batch.next_obs)
         losses.update(self.cost_critic_step(batch, next_actions))
-        self.update_cost_target()
         return losses
 
-    def _update_actor(self, obs: torch.Tensor) -> torch.Tensor:
+    def actor_loss(self, obs: torch.Tensor) -> torch.Tensor:
+        """(−Q1(s, π(s)) + λ Q_c(s, π(s))) / (1 + λ): the first reward critic, as in the TD3 paper."""
         actions = self.actor(obs)
-        self.critic.requires_grad_(False)  # the actor loss needs gradients w.r.t. actions only
-        self.cost_critic.requires_grad_(False)
-        q_pi = self.q_values(obs, actions, first_only=True).squeeze(0)  # Q1, as in the TD3 paper
-        cost_q_pi = self.cost_values(obs, actions)
-        self.critic.requires_grad_(True)
-        self.cost_critic.requires_grad_(True)
-        actor_loss = lagrangian_actor_loss(-q_pi, cost_q_pi, self.lagrange_multiplier)
-        self.optimize("actor", actor_loss)
-        return actor_loss.detach()
+        q_pi = self.q_values(obs, actions, first_only=True).squeeze(0)  # (1, B) -> (B,)
+        return lagrangian_actor_loss(-q_pi, self.cost_values(obs, actions), self.lagrange_multiplier)
+
+    def _update_actor(self, obs: torch.Tensor) -> torch.Tensor:
+        with self.frozen_cost_critic():
+            return super()._update_actor(obs)
 
 
 def train(config: TD3LagConfig) -> TrainResult:

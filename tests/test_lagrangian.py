@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from keelrl.agents import sac_lag, td3_lag
+from keelrl.agents import sac, sac_lag, td3_lag
 from keelrl.agents.lagrange import GradientMultiplier, PIDMultiplier, lagrangian_actor_loss
 from keelrl.agents.sac_lag import SACLag, SACLagConfig
 from keelrl.agents.td3_lag import TD3Lag, TD3LagConfig
@@ -34,6 +34,26 @@ class ConstantEnv(gym.Env):
 
 
 gym.register("keelrl_test/AlwaysCost-v0", entry_point=lambda: CostWrapper(ConstantEnv(), lambda a, o, i: 1.0))
+
+
+class TrackEnv(gym.Env):
+    """20 steps along a track: the action is the speed and the reward; obs = the fraction of time left.
+    With the cost speed > 0.5, going flat out earns 20 at a cost of 20; a limit of 5 forces it slower."""
+
+    observation_space = gym.spaces.Box(0.0, 1.0, (1,), np.float32)
+    action_space = gym.spaces.Box(-1.0, 1.0, (1,), np.float32)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        return np.ones(1, np.float32), {}
+
+    def step(self, action):
+        self.t += 1
+        return np.full(1, 1 - self.t / 20, np.float32), float(action[0]), False, self.t >= 20, {}
+
+
+gym.register("keelrl_test/Track-v0", entry_point=lambda: CostWrapper(TrackEnv(), lambda a, o, i: float(a[0] > 0.5)))
 
 
 @pytest.fixture
@@ -164,3 +184,18 @@ def test_short_run_stores_costs_and_moves_lambda(module, agent_cls, config_cls, 
     assert agent.lagrange_multiplier.item() == pytest.approx(30 * 0.01 * (10.0 - 4.0))  # saved with the model
     buffer = torch.load(result.run_dir / "buffer.pt", weights_only=True)
     assert torch.equal(buffer["costs"], torch.ones(300))
+
+
+def test_sac_lag_keeps_the_cost_under_the_limit_where_sac_does_not(tmp_path):
+    """A learning check in seconds: on the track, SAC runs flat out (cost 20 per episode); SAC-Lag's λ
+    rises while its episodes cost more than 5, and its final deterministic policy stays under 5."""
+    common = dict(env_id="keelrl_test/Track-v0", learning_starts=200, batch_size=64, hidden_sizes=(32, 32),
+                  eval_freq=0, eval_episodes=5, runs_dir=str(tmp_path), quiet=True)
+    constrained = sac_lag.train(SACLagConfig(**common, total_timesteps=2000, cost_limit=5.0, lambda_lr=0.01))
+    with open(constrained.run_dir / "episodes.csv") as f:
+        train_costs = [float(row["cost"]) for row in csv.DictReader(f)]
+    assert max(train_costs) > 5.0  # the constraint was active: some training episodes broke it
+    assert constrained.final_eval_costs.mean() <= 5.0
+    assert constrained.final_eval_return > 2.5  # it still moves forward (standing still earns 0)
+    unconstrained = sac.train(sac.SACConfig(**common, total_timesteps=1500))
+    assert unconstrained.final_eval_costs.mean() == 20.0 and unconstrained.final_eval_return > 12.0
