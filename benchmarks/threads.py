@@ -20,7 +20,7 @@ import torch
 import tyro
 
 from keelrl.agents.sac import SAC, SACConfig
-from keelrl.buffers import ReplayBuffer
+from keelrl.benchmarks.update_time import filled_buffer
 
 
 @dataclasses.dataclass
@@ -47,11 +47,7 @@ def ms_per_update(threads: int, args: Args) -> list[float]:
     torch.set_num_threads(threads)
     torch.manual_seed(0)
     agent = SAC(args.obs_dim, -np.ones(args.action_dim), np.ones(args.action_dim), SACConfig())
-    buffer = ReplayBuffer(10_000, (args.obs_dim,), (args.action_dim,))
-    rng = np.random.default_rng(0)
-    for _ in range(1_000):
-        obs = rng.normal(size=(1, args.obs_dim))
-        buffer.add(obs, rng.uniform(-1, 1, (1, args.action_dim)), [1.0], obs, [False], [False])
+    buffer = filled_buffer(args.obs_dim, args.action_dim)
     for _ in range(20):  # warm-up
         agent.update(buffer.sample(256))
     timings = []
