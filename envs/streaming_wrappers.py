@@ -157,8 +157,10 @@ def make_stream_env(
     except gym.error.Error as err:
         known = [k for k in gym.registry if not k.startswith("keelrl_test")]
         raise ValueError(f"Unknown gymnasium environment id {env_id!r} ({err}).{_suggest(env_id, known)}") from None
-    if len(env.observation_space.shape) != 1:
-        raise ValueError(f"Streaming agents take flat (vector) observations; {env_id!r} has {env.observation_space}.")
+    space = env.observation_space
+    if not (isinstance(space, gym.spaces.Box) and len(space.shape) == 1):
+        env.close()
+        raise ValueError(f"Streaming agents take flat (vector) Box observations; {env_id!r} has {space}.")
     env = gym.wrappers.RecordEpisodeStatistics(env)
     if isinstance(env.action_space, gym.spaces.Box):
         env = gym.wrappers.ClipAction(env)  # agents may act outside the bounds (a Gaussian policy does)
@@ -166,8 +168,9 @@ def make_stream_env(
         env = StreamObsNormalize(env)
     if time_feature:
         if env.spec is None or env.spec.max_episode_steps is None:
-            raise ValueError(f"{env_id!r} has no time limit, which the time feature needs: pass "
-                             f"--no-time-feature, or a limit with env_kwargs max_episode_steps.")
+            env.close()
+            raise ValueError(f"{env_id!r} has no time limit, which the time feature needs: pass --no-time-feature "
+                             f"(or register the env with max_episode_steps).")
         env = TimeFeature(env, env.spec.max_episode_steps)
     if scale_rewards:
         env = StreamRewardScale(env, gamma)

@@ -353,6 +353,8 @@ def test_resume_after_kill_leaves_no_gap_or_duplicate(tmp_path):
         ("stream_ac", ["--lam", "1.5"], r"--lam must lie in \[0, 1\]"),
         ("stream_q", ["--end-e", "0.5", "--start-e", "0.1"], "--end-e <= --start-e"),
         ("stream_td", ["--policy", "missing.pt"], "no such file"),
+        ("stream_ac", ["--env-id", "keelrl_test/NanReward-v0"], "no time limit.*--no-time-feature"),
+        ("stream_q", ["--env-id", "Blackjack-v1"], "flat \\(vector\\) Box observations"),
         ("stream_ac", ["--env-id", "keelrl_test/NanRewardLate-v0", "--checkpoint-freq", "200"],
          r"non-finite reward .*global step 250.*last checkpoint"),
     ],
