@@ -17,7 +17,7 @@ install: $(STAMP)
 $(STAMP): setup.py Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install "$(TORCH)"
-	$(PY) -m pip install -e ".[dev,envpool,llm]" || $(PY) -m pip install -e ".[dev,llm]"
+	$(PY) -m pip install -e ".[dev,envpool,llm,ray,offline]" || $(PY) -m pip install -e ".[dev,llm,ray,offline]" || $(PY) -m pip install -e ".[dev,llm,offline]"
 	touch $(STAMP)
 
 train: $(STAMP)

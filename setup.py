@@ -14,7 +14,7 @@ setup(
     # Each root folder installs inside the keelrl namespace, never as a bare top-level package.
     packages=[f"keelrl.{name}" for name in SUBPACKAGES],
     package_dir={f"keelrl.{name}": name for name in SUBPACKAGES},
-    package_data={"keelrl.benchmarks": ["results/*.md"]},
+    package_data={"keelrl.benchmarks": ["results/*.md", "grids/*.toml"]},
     install_requires=[
         # A range, not a pin: install the torch build for your machine first (see README).
         "torch>=2.2,<3",
@@ -23,11 +23,14 @@ setup(
         "tensorboard>=2.12",
         "tyro>=0.8",
         "tqdm>=4.64",
+        "matplotlib>=3.7",  # the leaderboard's learning-curve plots
+        "tomli>=1.1; python_version < '3.11'",
     ],
     extras_require={
         "envpool": ["envpool>=0.8.4"],
         "offline": ["minari[hdf5]>=0.5", "h5py>=3.8"],
         "llm": ["transformers>=4.40"],
+        "ray": ["ray>=2.9"],
         "dev": ["pytest>=7.4", "pytest-timeout>=2.2"],
     },
     license="MIT",

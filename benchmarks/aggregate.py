@@ -1,0 +1,209 @@
+"""Leaderboard statistics: figures of one run from its CSV logs, mean ± std over seeds, and the
+interquartile mean (IQM) with a stratified-bootstrap confidence interval across tasks and seeds.
+
+IQM (Agarwal et al. 2021, "Deep RL at the edge of the statistical precipice"): pool every run's score,
+drop the lowest and the highest quarter (floor(n/4) scores each side, as scipy's
+`trim_mean(x, 0.25)` and rliable do) and average the rest. Its confidence interval comes from a
+stratified bootstrap: each resample redraws the runs of every task with replacement, within that
+task, so each task keeps its weight; the interval is the percentile interval of the resampled IQMs.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+from pathlib import Path
+
+import numpy as np
+
+from keelrl.benchmarks.reference_scores import normalized_score
+
+LAST_EPISODES = 10
+NORMALIZED_COLUMNS = ("normalized_score", "normalised_score")
+OFFLINE_SCORE_TAG = "eval/normalized_score"
+
+
+@dataclasses.dataclass
+class RunResult:
+    """One cell of the grid (agent × task × seed) and the figures read from its run directory."""
+
+    family: str
+    label: str
+    """the agent entry's name in the grid (an agent module with one option set)"""
+    agent: str
+    """the agent module (keelrl.agents.<agent>)"""
+    task: str
+    seed: int
+    budget: int
+    """the step budget the grid gave (environment steps, or the agent's own unit)"""
+    status: str
+    """done, unfinished (interrupted or still to run), failed or unavailable"""
+    run_dir: str = ""
+    steps: int = 0
+    """step of the last evaluation"""
+    final_return: float = float("nan")
+    """mean return of the last evaluation (deterministic policy)"""
+    final_cost: float = float("nan")
+    """mean episode cost of the last evaluation"""
+    score: float = float("nan")
+    """normalised final return: eval.csv's own column if it has one; offline: the agent's logged
+    eval/normalized_score (its dataset's references); else 100·(R − low)/(high − low) with the task's range"""
+    last_train_return: float = float("nan")
+    """mean return of the last LAST_EPISODES training episodes (CleanRL's reported metric)"""
+    wall_s: float = float("nan")
+    """wall-clock seconds of the agent processes that made the run (start-up and evaluations included)"""
+    curve: list[tuple[int, float]] = dataclasses.field(default_factory=list)
+    """(step, mean evaluation return) of every evaluation"""
+
+    @property
+    def sps(self) -> float:
+        """Environment steps per second of wall time (NaN when the wall time is unknown)."""
+        return self.steps / self.wall_s if self.wall_s > 0 else float("nan")
+
+
+def _read_csv(path: Path) -> list[dict[str, str]]:
+    if not path.is_file():
+        return []
+    with path.open() as f:
+        return list(csv.DictReader(f))
+
+
+def read_run_figures(result: RunResult, run_dir: Path) -> RunResult:
+    """Fill `result`'s figures from run_dir/eval.csv and episodes.csv."""
+    evals = _read_csv(run_dir / "eval.csv")
+    episodes = _read_csv(run_dir / "episodes.csv")
+    result.run_dir = str(run_dir)
+    result.curve = [(int(row["global_step"]), float(row["mean_return"])) for row in evals]
+    if episodes:
+        result.last_train_return = float(np.mean([float(row["return"]) for row in episodes[-LAST_EPISODES:]]))
+    if not evals:
+        return result
+    last = evals[-1]
+    result.steps = int(last["global_step"])
+    result.final_return = float(last["mean_return"])
+    result.final_cost = float(last.get("mean_cost") or "nan")
+    own_column = next((name for name in NORMALIZED_COLUMNS if last.get(name)), None)
+    if own_column:
+        result.score = float(last[own_column])
+    elif result.family == "offline":  # offline agents normalise with their dataset's own reference returns
+        result.score = last_scalar(run_dir, OFFLINE_SCORE_TAG)
+    else:
+        result.score = normalized_score(result.task, result.final_return)
+    return result
+
+
+def last_scalar(run_dir: Path, tag: str) -> float:
+    """The last value of a TensorBoard scalar in run_dir (NaN if the run never logged it)."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(run_dir), size_guidance={"scalars": 0})
+    events.Reload()
+    if tag not in events.Tags()["scalars"]:
+        return float("nan")
+    return float(events.Scalars(tag)[-1].value)
+
+
+def iqm(scores: np.ndarray) -> float:
+    """Interquartile mean of all scores pooled (floor(n/4) dropped at each end)."""
+    ordered = np.sort(np.asarray(scores, dtype=np.float64).ravel())
+    cut = ordered.size // 4
+    return float(ordered[cut: ordered.size - cut].mean())
+
+
+def stratified_bootstrap_ci(
+    scores_by_task: list[np.ndarray], reps: int = 10_000, confidence: float = 0.95, seed: int = 0
+) -> tuple[float, float]:
+    """Percentile interval of the IQM over `reps` stratified resamples (runs redrawn within each task)."""
+    rng = np.random.default_rng(seed)
+    resampled = []
+    for task_scores in scores_by_task:
+        task_scores = np.asarray(task_scores, dtype=np.float64)
+        picks = rng.integers(0, task_scores.size, size=(reps, task_scores.size))
+        resampled.append(task_scores[picks])  # (reps, runs of this task)
+    pooled = np.sort(np.concatenate(resampled, axis=1), axis=1)  # (reps, all runs)
+    cut = pooled.shape[1] // 4
+    iqms = pooled[:, cut: pooled.shape[1] - cut].mean(axis=1)  # (reps,)
+    tail = 100.0 * (1.0 - confidence) / 2.0
+    low, high = np.percentile(iqms, [tail, 100.0 - tail])
+    return float(low), float(high)
+
+
+def _mean_std(values: list[float]) -> tuple[float, float]:
+    finite = np.asarray([v for v in values if np.isfinite(v)], dtype=np.float64)
+    if finite.size == 0:
+        return float("nan"), float("nan")
+    return float(finite.mean()), float(finite.std())
+
+
+@dataclasses.dataclass
+class CellSummary:
+    """One agent entry on one task: mean ± std over its finished seeds (std with ddof 0)."""
+
+    family: str
+    label: str
+    agent: str
+    task: str
+    budget: int
+    seeds_done: int
+    seeds_planned: int
+    return_mean: float
+    return_std: float
+    cost_mean: float
+    cost_std: float
+    score_mean: float
+    score_std: float
+    last_train_mean: float
+    last_train_std: float
+    sps_mean: float
+    wall_s_mean: float
+
+
+def summarize_cells(results: list[RunResult]) -> list[CellSummary]:
+    """Group runs by (family, label, task) in grid order and average the finished ones."""
+    groups: dict[tuple[str, str, str], list[RunResult]] = {}
+    for result in results:
+        groups.setdefault((result.family, result.label, result.task), []).append(result)
+    summaries = []
+    for (family, label, task), runs in groups.items():
+        done = [r for r in runs if r.status == "done"]
+        pairs = [_mean_std([getattr(r, name) for r in done])
+                 for name in ("final_return", "final_cost", "score", "last_train_return")]
+        summaries.append(CellSummary(
+            family, label, runs[0].agent, task, runs[0].budget, len(done), len(runs),
+            *pairs[0], *pairs[1], *pairs[2], *pairs[3],
+            _mean_std([r.sps for r in done])[0], _mean_std([r.wall_s for r in done])[0],
+        ))
+    return summaries
+
+
+@dataclasses.dataclass
+class AgentIQM:
+    """IQM of one agent entry over every finished run of a family, with its bootstrap interval."""
+
+    family: str
+    label: str
+    metric: str
+    """'normalised score' when every run has one, else 'raw return'"""
+    iqm: float
+    ci_low: float
+    ci_high: float
+    runs: int
+    tasks: int
+
+
+def iqm_by_agent(results: list[RunResult], reps: int = 10_000, seed: int = 0) -> list[AgentIQM]:
+    """Per (family, agent entry): IQM and stratified-bootstrap 95% CI across tasks and seeds."""
+    groups: dict[tuple[str, str], dict[str, list[RunResult]]] = {}
+    for result in results:
+        if result.status == "done":
+            groups.setdefault((result.family, result.label), {}).setdefault(result.task, []).append(result)
+    table = []
+    for (family, label), by_task in groups.items():
+        normalised = all(np.isfinite(r.score) for runs in by_task.values() for r in runs)
+        field = "score" if normalised else "final_return"
+        scores_by_task = [np.array([getattr(r, field) for r in runs]) for runs in by_task.values()]
+        low, high = stratified_bootstrap_ci(scores_by_task, reps=reps, seed=seed)
+        table.append(AgentIQM(family, label, "normalised score" if normalised else "raw return",
+                              iqm(np.concatenate(scores_by_task)), low, high,
+                              sum(len(s) for s in scores_by_task), len(scores_by_task)))
+    return table

@@ -1,0 +1,570 @@
+"""Benchmark leaderboard: run agent × task × seed grids, then publish tables, curves and CSVs.
+
+    python -m keelrl.benchmarks.leaderboard --grid online-small                 # a preset (benchmarks/grids/)
+    python -m keelrl.benchmarks.leaderboard --grid my_grid.toml --workers 4     # your own grid file
+    python -m keelrl.benchmarks.leaderboard --agents sac td3 --tasks Hopper-v5 --seeds 1 2 3 --steps 50000
+    python -m keelrl.benchmarks.leaderboard --grid online-full --ray auto       # on a Ray cluster
+
+Each cell (one agent entry, one task, one seed) runs as its own process,
+`python -m keelrl.agents.<module> --env-id TASK --seed SEED --total-timesteps STEPS --runs-dir CELL_DIR`,
+at most `--workers` at once on this machine, or as Ray tasks with `--ray ADDRESS` (`local` starts a
+Ray instance here with `--workers` CPUs). Every cell has its own directory,
+RUNS_DIR/<grid>/<agent entry>/<task>/seed<seed>/, holding the agent's run directory, `log.txt`
+(the agent's output, every attempt) and `cell.json` (its options and the timed attempts). Running
+the same command again skips finished cells (model.pt written), resumes interrupted ones from their
+last checkpoint with the agent's `--resume`, and starts the rest: a grid killed halfway loses only
+the steps since each run's last checkpoint (`--checkpoint-freq`).
+
+Agents are found by module name: a grid may name any module of keelrl.agents that follows the agent
+conventions; an agent that cannot be imported is reported as unavailable and its cells are skipped.
+With Ray on several machines, RUNS_DIR must be a directory every node sees (a shared filesystem).
+
+Grid files (TOML) — see benchmarks/grids/online-small.toml:
+
+    name = "online-small"            # default: the file name
+    family = "online"                # online | offline | safe | streaming | rlvr (one table each)
+    seeds = [1, 2, 3]
+    steps = 20000                    # budget of every task unless the task sets its own
+    options = { eval-freq = 2500 }   # flags every cell gets
+    task_flag = "env-id"             # flag that names the task (rlvr: "task")
+    steps_flag = "total-timesteps"   # flag that sets the budget (rlvr: "iterations")
+    [[tasks]]
+    id = "Hopper-v5"
+    options = { learning-starts = 5000 }
+    [[agents]]
+    name = "sac-simba"               # the entry's name in the tables
+    module = "sac"                   # keelrl.agents.<module> (default: name)
+    options = { preset = "simba" }   # flags of this entry (agent options win over task options)
+    tasks = ["Hopper-v5"]            # only these of the grid's tasks (default: all)
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import importlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from keelrl.benchmarks.aggregate import RunResult, read_run_figures
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    import tomli as tomllib
+
+GRIDS_DIR = Path(__file__).parent / "grids"
+FAMILIES = ("online", "offline", "safe", "streaming", "rlvr")
+CELL_FILE = "cell.json"
+LOG_FILE = "log.txt"
+MODEL_FILE = "model.pt"
+CHECKPOINT_FILE = "checkpoint.pt"
+CONFIG_FILE = "config.json"
+RESERVED_FLAGS = {"seed", "runs-dir", "resume", "quiet"}
+
+
+@dataclasses.dataclass(frozen=True)
+class AgentEntry:
+    name: str
+    """the entry's name in tables and directories"""
+    module: str
+    """keelrl.agents.<module>"""
+    options: dict[str, Any]
+    task_flag: str
+    steps_flag: str
+    tasks: tuple[str, ...] | None = None
+    """the task ids this entry runs (None: every task of the grid)"""
+
+
+@dataclasses.dataclass(frozen=True)
+class TaskEntry:
+    id: str
+    steps: int
+    options: dict[str, Any]
+
+
+@dataclasses.dataclass(frozen=True)
+class Grid:
+    name: str
+    family: str
+    seeds: tuple[int, ...]
+    tasks: tuple[TaskEntry, ...]
+    agents: tuple[AgentEntry, ...]
+    options: dict[str, Any]
+    description: str = ""
+
+
+def _flag(name: str) -> str:
+    return name.replace("_", "-")
+
+
+def _check_keys(where: str, table: dict[str, Any], allowed: set[str]) -> None:
+    unknown = set(table) - allowed
+    if unknown:
+        raise ValueError(f"{where}: unknown key(s) {sorted(unknown)}; allowed: {sorted(allowed)}.")
+
+
+def _options(where: str, options: Any) -> dict[str, Any]:
+    if not isinstance(options, dict):
+        raise ValueError(f"{where}: options must be a table of flag = value, got {options!r}.")
+    options = {_flag(name): value for name, value in options.items()}
+    reserved = RESERVED_FLAGS & set(options)
+    if reserved:
+        raise ValueError(f"{where}: {sorted(reserved)} are set by the leaderboard for each cell; remove them.")
+    return options
+
+
+def grid_from_dict(spec: dict[str, Any], default_name: str) -> Grid:
+    """Build and check a grid from a parsed TOML table (see the module docstring for its keys)."""
+    _check_keys(f"grid {default_name}", spec,
+                {"name", "family", "description", "seeds", "steps", "options", "task_flag", "steps_flag", "tasks", "agents"})
+    name = spec.get("name", default_name)
+    family = spec.get("family", "online")
+    if family not in FAMILIES:
+        raise ValueError(f"grid {name}: family {family!r} is not one of {FAMILIES}.")
+    seeds = tuple(spec.get("seeds", (1, 2, 3)))
+    if not seeds or not all(isinstance(seed, int) for seed in seeds):
+        raise ValueError(f"grid {name}: seeds must be a non-empty list of integers, got {seeds!r}.")
+    tasks = tuple(_task(name, task, spec.get("steps")) for task in spec.get("tasks", ()))
+    task_flag, steps_flag = spec.get("task_flag", "env-id"), spec.get("steps_flag", "total-timesteps")
+    agents = tuple(_agent(name, agent, task_flag, steps_flag) for agent in spec.get("agents", ()))
+    if not tasks or not agents:
+        raise ValueError(f"grid {name}: give at least one task and one agent.")
+    task_ids = {task.id for task in tasks}
+    for agent in agents:
+        if agent.tasks is not None and not set(agent.tasks) <= task_ids:
+            raise ValueError(f"grid {name}, agent {agent.name}: tasks {sorted(set(agent.tasks) - task_ids)} are not "
+                             f"among the grid's tasks {sorted(task_ids)}.")
+    labels = [agent.name for agent in agents]
+    if len(set(labels)) != len(labels):
+        raise ValueError(f"grid {name}: agent names must differ (got {labels}); give option sets their own name.")
+    return Grid(name, family, seeds, tasks, agents, _options(f"grid {name}", spec.get("options", {})),
+                spec.get("description", ""))
+
+
+def _task(grid: str, task: Any, default_steps: int | None) -> TaskEntry:
+    task = {"id": task} if isinstance(task, str) else task
+    _check_keys(f"grid {grid}, task", task, {"id", "steps", "options"})
+    steps = task.get("steps", default_steps)
+    if not isinstance(steps, int) or steps < 1:
+        raise ValueError(f"grid {grid}, task {task.get('id')}: give a positive step budget (steps = ...), got {steps!r}.")
+    return TaskEntry(task["id"], steps, _options(f"grid {grid}, task {task['id']}", task.get("options", {})))
+
+
+def _agent(grid: str, agent: Any, task_flag: str, steps_flag: str) -> AgentEntry:
+    agent = {"name": agent} if isinstance(agent, str) else agent
+    _check_keys(f"grid {grid}, agent", agent, {"name", "module", "options", "task_flag", "steps_flag", "tasks"})
+    where = f"grid {grid}, agent {agent['name']}"
+    tasks = tuple(agent["tasks"]) if "tasks" in agent else None
+    return AgentEntry(agent["name"], agent.get("module", agent["name"]), _options(where, agent.get("options", {})),
+                      _flag(agent.get("task_flag", task_flag)), _flag(agent.get("steps_flag", steps_flag)), tasks)
+
+
+def load_grid(name_or_path: str) -> Grid:
+    """A preset name (a file in benchmarks/grids/) or the path of a TOML grid file."""
+    path = Path(name_or_path)
+    if not path.is_file():
+        path = GRIDS_DIR / f"{name_or_path}.toml"
+    if not path.is_file():
+        presets = sorted(p.stem for p in GRIDS_DIR.glob("*.toml"))
+        raise FileNotFoundError(f"--grid {name_or_path}: no such file and no preset of that name; presets: {presets}.")
+    try:
+        spec = tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as err:
+        raise ValueError(f"{path} is not valid TOML: {err}") from None
+    return grid_from_dict(spec, path.stem)
+
+
+def to_flags(options: dict[str, Any]) -> list[str]:
+    """{'eval-freq': 500, 'normalize-obs': True, 'hidden-sizes': [64, 64]} -> tyro command-line flags."""
+    flags = []
+    for name, value in options.items():
+        if isinstance(value, bool):
+            flags.append(f"--{name}" if value else f"--no-{name}")
+        elif isinstance(value, (list, tuple)):
+            flags += [f"--{name}", *map(str, value)]
+        else:
+            flags += [f"--{name}", str(value)]
+    return flags
+
+
+@dataclasses.dataclass(frozen=True)
+class Cell:
+    """One run of the grid: an agent entry on a task with a seed, in its own directory."""
+
+    grid: Grid
+    agent: AgentEntry
+    task: TaskEntry
+    seed: int
+    cell_dir: Path
+
+    @property
+    def args(self) -> list[str]:
+        """The agent's flags for a new run, but --runs-dir (also what cell.json records to spot a changed grid)."""
+        options = {**self.grid.options, **self.task.options, **self.agent.options,
+                   self.agent.task_flag: self.task.id, self.agent.steps_flag: self.task.steps}
+        return ["--seed", str(self.seed), *to_flags(options)]
+
+    def run_dirs(self) -> list[Path]:
+        if not self.cell_dir.is_dir():
+            return []
+        return sorted(d for d in self.cell_dir.iterdir() if (d / CONFIG_FILE).is_file())
+
+    def state(self) -> tuple[str, Path | None]:
+        """('done', run dir) if a run finished, ('resume', run dir) if one has a checkpoint, else ('new', None)."""
+        run_dirs = self.run_dirs()
+        for run_dir in run_dirs:
+            if (run_dir / MODEL_FILE).is_file():
+                return "done", run_dir
+        resumable = [d for d in run_dirs if (d / CHECKPOINT_FILE).is_file()]
+        if resumable:
+            return "resume", max(resumable, key=lambda d: (d / CHECKPOINT_FILE).stat().st_mtime)
+        return "new", None
+
+    def command(self) -> list[str]:
+        """The agent's command line for this cell's next attempt (a new run or --resume)."""
+        state, run_dir = self.state()
+        module = ["-m", f"keelrl.agents.{self.agent.module}"]
+        if state == "resume":
+            return [*module, "--resume", str(run_dir.resolve()), "--quiet"]
+        return [*module, *self.args, "--runs-dir", str(self.cell_dir.resolve()), "--quiet"]
+
+    def record(self) -> dict[str, Any]:
+        path = self.cell_dir / CELL_FILE
+        if path.is_file():
+            return json.loads(path.read_text())
+        return {"agent": self.agent.module, "task": self.task.id, "seed": self.seed, "args": self.args, "attempts": []}
+
+    def check_unchanged(self) -> None:
+        """Refuse to mix runs made with other options into this cell."""
+        recorded = self.record()["args"]
+        if recorded != self.args:
+            raise ValueError(
+                f"{self.cell_dir} holds a run made with other options ({' '.join(recorded)}); the grid now asks for "
+                f"{' '.join(self.args)}. Give another --runs-dir, or delete that directory to re-run it."
+            )
+
+    def prepare(self) -> None:
+        """Make the cell directory with its record, and drop run directories that never reached a
+        checkpoint (nothing to resume)."""
+        self.cell_dir.mkdir(parents=True, exist_ok=True)
+        if not (self.cell_dir / CELL_FILE).is_file():
+            (self.cell_dir / CELL_FILE).write_text(json.dumps(self.record(), indent=2))
+        if self.state()[0] == "new":
+            for run_dir in self.run_dirs():
+                shutil.rmtree(run_dir)
+
+    def add_attempt(self, mode: str, outcome: dict[str, Any]) -> None:
+        record = self.record()
+        record["attempts"].append({"mode": mode, **outcome})
+        (self.cell_dir / CELL_FILE).write_text(json.dumps(record, indent=2))
+
+    def wall_seconds(self) -> float:
+        attempts = self.record()["attempts"]
+        return float(sum(a["wall_s"] for a in attempts)) if attempts else float("nan")
+
+    def result(self, status: str | None = None) -> RunResult:
+        """This cell's RunResult: its status and, for a run that exists, the figures of its logs."""
+        state, run_dir = self.state()
+        if status is None:
+            attempts = self.record()["attempts"]
+            failed = bool(attempts) and attempts[-1]["returncode"] != 0
+            status = "done" if state == "done" else "failed" if failed else "unfinished"
+        result = RunResult(self.grid.family, self.agent.name, self.agent.module, self.task.id, self.seed,
+                           self.task.steps, status)
+        if run_dir is not None:
+            read_run_figures(result, run_dir)
+            result.wall_s = self.wall_seconds()
+        return result
+
+
+def expand(grid: Grid, runs_dir: Path) -> list[Cell]:
+    """Every cell of the grid, task by task, agent by agent (those that run the task), seed by seed."""
+    return [
+        Cell(grid, agent, task, seed, runs_dir / grid.name / agent.name / task.id.replace("/", "_") / f"seed{seed}")
+        for task in grid.tasks for agent in grid.agents for seed in grid.seeds
+        if agent.tasks is None or task.id in agent.tasks
+    ]
+
+
+def agent_fields(module_name: str) -> tuple[set[str] | None, str]:
+    """(the option names of an agent's config, '') or (None, why the agent cannot run here)."""
+    try:
+        module = importlib.import_module(f"keelrl.agents.{module_name}")
+    except ModuleNotFoundError as err:
+        if err.name == f"keelrl.agents.{module_name}":
+            return None, f"keelrl.agents.{module_name} does not exist in this keelrl version"
+        return None, f"keelrl.agents.{module_name} needs {err.name!r}, which is not installed ({err})"
+    except ImportError as err:
+        return None, f"keelrl.agents.{module_name} failed to import: {err}"
+    configs = [obj for obj in vars(module).values()
+               if dataclasses.is_dataclass(obj) and isinstance(obj, type) and obj.__module__ == module.__name__
+               and {"seed", "runs_dir", "resume"} <= {f.name for f in dataclasses.fields(obj)}]
+    if len(configs) != 1:
+        return set(), ""  # no single config class to check options against: the agent's CLI will check them
+    return {_flag(f.name) for f in dataclasses.fields(configs[0])}, ""
+
+
+def check_agents(cells: list[Cell]) -> dict[str, str]:
+    """Which agent modules cannot run here (module -> reason); raises on options an agent does not have."""
+    unavailable: dict[str, str] = {}
+    checked: dict[str, set[str] | None] = {}
+    for cell in cells:
+        module = cell.agent.module
+        if module not in checked:
+            checked[module], reason = agent_fields(module)
+            if reason:
+                unavailable[module] = reason
+        fields = checked[module]
+        if fields:
+            given = {flag.lstrip("-").removeprefix("no-") for flag in cell.args if flag.startswith("--")}
+            unknown = sorted(name for name in given if name not in fields)
+            if unknown:
+                raise ValueError(f"grid {cell.grid.name}, agent {cell.agent.name}: keelrl.agents.{module} has no "
+                                 f"option(s) {['--' + u for u in unknown]} (see python -m keelrl.agents.{module} --help).")
+    return unavailable
+
+
+def run_agent_process(command: list[str], log_path: str, mode: str) -> dict[str, Any]:
+    """Run `python <command>` with its output appended to log_path; its exit code, wall time and host.
+
+    The same function runs in a local worker thread and inside a Ray task.
+    """
+    start_time, start = time.time(), time.perf_counter()
+    with open(log_path, "a") as log:
+        log.write(f"=== {time.strftime('%Y-%m-%d %H:%M:%S')} on {socket.gethostname()}: {mode} run: "
+                  f"python {' '.join(command)}\n")
+        log.flush()
+        process = subprocess.Popen([sys.executable, *command], stdout=log, stderr=subprocess.STDOUT)
+        try:
+            returncode = process.wait()
+        finally:
+            if process.poll() is None:  # this task was cancelled: let the agent stop as on Ctrl-C
+                process.send_signal(signal.SIGINT)
+                process.wait()
+    usable_cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return {"returncode": returncode, "start_time": start_time, "wall_s": time.perf_counter() - start,
+            "host": socket.gethostname(), "usable_cpus": usable_cpus, "worker_pid": os.getpid()}
+
+
+Job = tuple[Cell, str, list[str]]  # (cell, "new" | "resume", command)
+
+
+def _run_locally(jobs: list[Job], workers: int, on_done: Callable[[Job, dict], None]) -> None:
+    pool = concurrent.futures.ThreadPoolExecutor(max_workers=workers)
+    futures = {pool.submit(run_agent_process, command, str(cell.cell_dir / LOG_FILE), mode): (cell, mode, command)
+               for cell, mode, command in jobs}
+    try:
+        for future in concurrent.futures.as_completed(futures):
+            on_done(futures[future], future.result())
+    except KeyboardInterrupt:
+        pool.shutdown(wait=True, cancel_futures=True)  # running agents got the Ctrl-C too and write a checkpoint
+        raise
+    pool.shutdown()
+
+
+def _run_on_ray(jobs: list[Job], address: str, workers: int, on_done: Callable[[Job, dict], None]) -> None:
+    try:
+        import ray
+    except ImportError:
+        raise ValueError("--ray needs Ray: pip install 'keelrl[ray]' (or pip install ray).") from None
+    started_here = not ray.is_initialized()
+    if started_here:
+        if address == "local":
+            ray.init(num_cpus=workers, include_dashboard=False, log_to_driver=False)
+        else:
+            ray.init(address=address, log_to_driver=False)
+    remote_run = ray.remote(num_cpus=1)(run_agent_process)  # one CPU per cell: agents use one torch thread
+    pending = {remote_run.remote(command, str(cell.cell_dir.resolve() / LOG_FILE), mode): (cell, mode, command)
+               for cell, mode, command in jobs}
+    try:
+        while pending:
+            (ready,), _ = ray.wait(list(pending), num_returns=1)
+            on_done(pending.pop(ready), ray.get(ready))
+    finally:
+        for task in pending:
+            ray.cancel(task)
+        if started_here:
+            ray.shutdown()
+
+
+def run_grids(
+    grids: list[Grid], runs_dir: Path, workers: int = 2, ray_address: str | None = None, dry_run: bool = False,
+    log: Callable[[str], None] = print, invocation: str = "",
+) -> list[RunResult]:
+    """Run every unfinished cell of the grids; the RunResult of every cell, in grid order.
+
+    `invocation` (the leaderboard's command line) is recorded with each attempt in cell.json.
+    """
+    if workers < 1:
+        raise ValueError(f"--workers must be at least 1, got {workers}.")
+    cells = [cell for grid in grids for cell in expand(grid, runs_dir)]
+    unavailable = check_agents(cells)
+    for module, reason in unavailable.items():
+        log(f"unavailable: agent {module!r} ({reason}); its cells are skipped")
+    runnable = [cell for cell in cells if cell.agent.module not in unavailable]
+    for cell in runnable:
+        cell.check_unchanged()
+    jobs = [(cell, cell.state()[0], cell.command()) for cell in runnable if cell.state()[0] != "done"]
+    done = len(runnable) - len(jobs)
+    resumes = sum(mode == "resume" for _, mode, _ in jobs)
+    log(f"{len(cells)} cells: {done} finished (skipped), {resumes} to resume, {len(jobs) - resumes} to start, "
+        f"{len(cells) - len(runnable)} unavailable; runs under {runs_dir}")
+    if dry_run:
+        for cell, mode, command in jobs:
+            log(f"{mode}: python {' '.join(command)}")
+        return _results(cells, unavailable)
+    finished = 0
+
+    def on_done(job: Job, outcome: dict[str, Any]) -> None:
+        nonlocal finished
+        cell, mode, _ = job
+        cell.add_attempt(mode, {**outcome, "leaderboard": invocation})
+        finished += 1
+        status = "done" if cell.state()[0] == "done" else f"FAILED (exit {outcome['returncode']}, see {cell.cell_dir / LOG_FILE})"
+        log(f"[{finished}/{len(jobs)}] {cell.agent.name} {cell.task.id} seed {cell.seed}: {status}, "
+            f"{outcome['wall_s'] / 60:.1f} min")
+
+    for cell, _, _ in jobs:
+        cell.prepare()
+    if jobs:
+        if ray_address:
+            _run_on_ray(jobs, ray_address, workers, on_done)
+        else:
+            _run_locally(jobs, workers, on_done)
+    return _results(cells, unavailable)
+
+
+def _results(cells: list[Cell], unavailable: dict[str, str]) -> list[RunResult]:
+    return [cell.result("unavailable" if cell.agent.module in unavailable else None) for cell in cells]
+
+
+def runs_provenance(cells: list[Cell], invocation: str) -> list[str]:
+    """Header lines saying which leaderboard commands made the runs, on how many usable CPU cores."""
+    attempts = [a for cell in cells if cell.cell_dir.is_dir() for a in cell.record()["attempts"]]
+    lines = []
+    for command in dict.fromkeys(a.get("leaderboard", "") for a in attempts):
+        made = [a for a in attempts if a.get("leaderboard", "") == command]
+        cpus = sorted({a.get("usable_cpus") for a in made} - {None})
+        where = (f"{len(made)} agent process(es) on {', '.join(sorted({a['host'] for a in made}))}"
+                 + (f", each with {' or '.join(map(str, cpus))} usable CPU core(s)" if cpus else ""))
+        lines.append(f"Runs made by: {where}" + ("" if command == invocation else f", with `{command}`"))
+    return lines
+
+
+def _parse_value(text: str) -> Any:
+    """'5000' -> 5000, 'true' -> True, '[64, 64]' -> [64, 64]; anything else stays a string."""
+    try:
+        return tomllib.loads(f"value = {text}")["value"]
+    except tomllib.TOMLDecodeError:
+        return text
+
+
+@dataclasses.dataclass
+class Args:
+    grid: tuple[str, ...] = ()
+    """preset names (benchmarks/grids/*.toml) or TOML grid files; several grids make one leaderboard"""
+    agents: tuple[str, ...] = ()
+    """without --grid: agent modules (keelrl.agents.<name>) of a grid given by flags"""
+    tasks: tuple[str, ...] = ()
+    """without --grid: task ids (env ids, dataset ids, or RLVR task names with --option task-flag=task)"""
+    seeds: tuple[int, ...] = (1, 2, 3)
+    """without --grid: seeds of every agent × task"""
+    steps: int = 50_000
+    """without --grid: step budget of every cell"""
+    family: str = "online"
+    """without --grid: the table the results go in (online, offline, safe, streaming, rlvr)"""
+    option: tuple[str, ...] = ()
+    """without --grid: agent flags every cell gets, as NAME=VALUE (e.g. --option eval-freq=5000)"""
+    name: str | None = None
+    """name of the leaderboard and its output files (default: the grid names joined by '+')"""
+    workers: int = 2
+    """cells run at once on this machine (with --ray local: the CPUs of the local Ray instance)"""
+    ray: str | None = None
+    """run cells as Ray tasks: 'local' starts Ray here, 'auto' or HOST:PORT joins a cluster (pip install 'keelrl[ray]')"""
+    runs_dir: str = "runs/leaderboard"
+    """parent of the cell directories (on a Ray cluster: a directory every node sees)"""
+    out_dir: str = "benchmarks/results/leaderboard"
+    """where the Markdown leaderboard, PNG curves and CSVs are written"""
+    report_only: bool = False
+    """run nothing: write the outputs from the runs already there"""
+    dry_run: bool = False
+    """run nothing and write nothing: print each cell's state and command"""
+    bootstrap_reps: int = 10_000
+    """stratified-bootstrap resamples of the IQM confidence interval"""
+    note: str = ""
+    """a line for the Markdown header (e.g. how the machine was shared)"""
+
+
+def grids_from_args(args: Args) -> list[Grid]:
+    if args.grid:
+        if args.agents or args.tasks:
+            raise ValueError("Give either --grid or --agents/--tasks, not both.")
+        return [load_grid(name) for name in args.grid]
+    if not args.agents or not args.tasks:
+        raise ValueError("Give a grid: --grid NAME_OR_FILE, or --agents and --tasks (with --seeds, --steps).")
+    options = {}
+    for option in args.option:
+        name, sep, value = option.partition("=")
+        if not sep:
+            raise ValueError(f"--option {option!r}: write it as NAME=VALUE, e.g. eval-freq=5000.")
+        options[name] = _parse_value(value)
+    spec = {"family": args.family, "seeds": list(args.seeds), "steps": args.steps, "tasks": list(args.tasks),
+            "agents": list(args.agents)}
+    for key in ("task_flag", "steps_flag"):
+        if _flag(key) in options:
+            spec[key] = options.pop(_flag(key))
+    spec["options"] = options
+    return [grid_from_dict(spec, args.name or "custom")]
+
+
+def main(argv: list[str] | None = None) -> int:
+    import shlex
+
+    import tyro
+
+    args = tyro.cli(Args, args=argv)
+    try:
+        grids = grids_from_args(args)
+        name = args.name or "+".join(grid.name for grid in grids)
+        argv = sys.argv[1:] if argv is None else argv
+        invocation = f"python -m keelrl.benchmarks.leaderboard {shlex.join(argv)}"
+        results = run_grids(grids, Path(args.runs_dir), args.workers, args.ray, args.dry_run or args.report_only,
+                            invocation=invocation)
+        if args.dry_run:
+            return 0
+        from keelrl.benchmarks.report import write_report
+
+        engine = f"Ray ({args.ray})" if args.ray else "local processes"
+        header = [f"Command: `{invocation}`"]
+        header += [] if args.report_only else [f"Execution: {engine}, --workers {args.workers}"]
+        header += runs_provenance([cell for grid in grids for cell in expand(grid, Path(args.runs_dir))], invocation)
+        header += [f"Note: {args.note}"] if args.note else []
+        header += [grid.description for grid in grids if grid.description]
+        for path in write_report(Path(args.out_dir), name, results, header, args.bootstrap_reps):
+            print(f"wrote {path}")
+    except (ValueError, FileNotFoundError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted: run the same command again to resume the unfinished cells", file=sys.stderr)
+        return 130
+    unfinished = [r for r in results if r.status not in ("done", "unavailable")]
+    if unfinished:
+        print(f"{len(unfinished)} cell(s) not finished: " + ", ".join(f"{r.label} {r.task} seed {r.seed} ({r.status})"
+                                                                      for r in unfinished), file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,166 @@
+"""Published figures keelrl is compared against, and the score ranges used to normalise returns.
+
+Every figure is copied from ../shared/REFERENCES.md (the project's record of published results) with
+its source, the environment version and the budget it was measured at, so the leaderboard can put it
+beside a keelrl run and say when the two are not comparable (a 1M-step figure beside a 50k-step run).
+
+Tasks are matched by `task_key`: the id without its namespace and version, lower-cased
+("Hopper-v5" and "Hopper-v4" are both "hopper"; "keelrl/hopper-medium-v0" is "hopper-medium").
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+
+
+@dataclasses.dataclass(frozen=True)
+class PublishedScore:
+    """One published result: an algorithm's score on a task at a stated budget."""
+
+    family: str
+    """leaderboard family: online, offline, safe, streaming or rlvr"""
+    task: str
+    """task key (see `task_key`) the figure is matched on"""
+    agent: str
+    """keelrl agent module the figure belongs beside (sac, td3, cql, iql, sac_lag, stream_ac, ...)"""
+    published_agent: str
+    """the algorithm's name in the source"""
+    published_task: str
+    """the task id in the source (its environment version may differ from keelrl's)"""
+    mean: float
+    """published mean (return, or normalised score for offline datasets)"""
+    std: float | None
+    """published std over seeds (None where the source gives none)"""
+    cost: float | None
+    """published mean episode cost (safe tasks)"""
+    budget: str
+    """the budget in words, as the source states it"""
+    budget_steps: int | None
+    """the budget in environment steps (offline: gradient updates); None where the source does not state it"""
+    seeds: int | None
+    """seeds behind the figure (None where not stated)"""
+    metric: str
+    """what the figure measures"""
+    source: str
+    """where it was published"""
+
+
+@dataclasses.dataclass(frozen=True)
+class ScoreRange:
+    """Normalised score = 100 · (return − low) / (high − low)."""
+
+    task: str
+    low: float
+    high: float
+    source: str
+
+
+CLEANRL = "CleanRL benchmark (docs/benchmark/sac.md, td3.md)"
+CLEANRL_METRIC = "mean return of the last training episodes"
+CORL = "CORL, D4RL v2 'last' normalised scores"
+OMNISAFE = "OmniSafe benchmark (cost limit 25)"
+STREAM_X = "stream-x paper, final average episodic return"
+
+_CLEANRL_ROWS = {  # task: (env id, SAC mean, SAC std, TD3 mean, TD3 std)
+    "halfcheetah": ("HalfCheetah-v4", 9634.89, 1423.73, 9583.22, 126.09),
+    "walker2d": ("Walker2d-v4", 3591.45, 911.33, 4057.59, 658.78),
+    "hopper": ("Hopper-v4", 2310.46, 342.82, 3134.61, 360.18),
+    "humanoid": ("Humanoid-v4", 4996.29, 686.40, 5035.36, 21.67),
+    "invertedpendulum": ("InvertedPendulum-v4", 909.37, 55.66, 968.99, 25.80),
+    "pusher": ("Pusher-v4", -22.45, 0.51, -30.92, 1.05),
+}
+
+_CORL_ROWS = {  # dataset: (CQL mean, CQL std, IQL mean, IQL std)
+    "halfcheetah-medium": (47.04, 0.22, 48.31, 0.22),
+    "halfcheetah-medium-replay": (45.04, 0.27, 44.46, 0.22),
+    "halfcheetah-medium-expert": (95.63, 0.42, 94.74, 0.52),
+    "hopper-medium": (59.08, 3.77, 67.53, 3.78),
+    "hopper-medium-replay": (95.11, 5.27, 97.43, 6.39),
+    "hopper-medium-expert": (99.26, 10.91, 107.42, 7.80),
+    "walker2d-medium": (80.75, 3.28, 80.91, 3.17),
+    "walker2d-medium-replay": (73.09, 13.22, 82.15, 3.03),
+    "walker2d-medium-expert": (109.56, 0.39, 111.72, 0.86),
+}
+
+_OMNISAFE_ROWS = {  # keelrl task key: (OmniSafe id, {algorithm: (reward, cost)})
+    "safehoppervelocity": ("SafetyHopperVelocity-v1", {
+        "PPOLag": (961.92, 13.96), "CPO": (1713.71, 13.40), "SACLag": (963.49, 20.23), "TD3Lag": (928.79, 40.67),
+        "SAC": (3537.70, 975.0)}),
+    "safehalfcheetahvelocity": ("SafetyHalfCheetahVelocity-v1", {
+        "PPOLag": (2946.15, 3.44), "CPO": (2786.48, 4.70), "SACLag": (2833.72, 0.00), "TD3Lag": (2741.08, 10.47)}),
+    "safeantvelocity": ("SafetyAntVelocity-v1", {
+        "PPOLag": (3261.87, 12.05), "CPO": (3098.54, 14.12), "SACLag": (1897.32, 5.73), "TD3Lag": (1944.38, 63.27)}),
+}
+_OMNISAFE_AGENTS = {"PPOLag": "ppo_lag", "CPO": "cpo", "SACLag": "sac_lag", "TD3Lag": "td3_lag", "SAC": "sac"}
+_ON_POLICY = {"PPOLag", "CPO"}
+
+_STREAM_X_ROWS = [  # (keelrl agent, published agent, task key, published task, mean)
+    ("stream_ac", "Stream AC(λ)", "hopper", "Hopper-v4", 2173.0),
+    ("stream_ac", "Stream AC(λ)", "walker2d", "Walker2d-v4", 4335.0),
+    ("stream_q", "Stream Q(λ)", "breakout", "Breakout (Atari)", 225.0),
+    ("stream_q", "Stream Q(λ)", "enduro", "Enduro (Atari)", 1156.0),
+]
+
+
+def _published_scores() -> list[PublishedScore]:
+    scores = []
+    for task, (env_id, sac_mean, sac_std, td3_mean, td3_std) in _CLEANRL_ROWS.items():
+        for agent, mean, std in (("sac", sac_mean, sac_std), ("td3", td3_mean, td3_std)):
+            scores.append(PublishedScore("online", task, agent, agent.upper(), env_id, mean, std, None,
+                                         "1M env steps", 1_000_000, 3, CLEANRL_METRIC, CLEANRL))
+    for dataset, (cql_mean, cql_std, iql_mean, iql_std) in _CORL_ROWS.items():
+        for agent, mean, std in (("cql", cql_mean, cql_std), ("iql", iql_mean, iql_std)):
+            scores.append(PublishedScore("offline", dataset, agent, agent.upper(), f"{dataset}-v2 (D4RL)", mean, std,
+                                         None, "1M gradient updates", 1_000_000, 4,
+                                         "D4RL normalised score of the final policy", CORL))
+    for task, (env_id, rows) in _OMNISAFE_ROWS.items():
+        for published_agent, (reward, cost) in rows.items():
+            on_policy = published_agent in _ON_POLICY
+            scores.append(PublishedScore(
+                "safe", task, _OMNISAFE_AGENTS[published_agent], published_agent, env_id, reward, None, cost,
+                "1e7 env steps" if on_policy else "1e6 env steps", 10_000_000 if on_policy else 1_000_000, None,
+                "mean episode return / episode cost", OMNISAFE))
+    for agent, published_agent, task, published_task, mean in _STREAM_X_ROWS:
+        scores.append(PublishedScore("streaming", task, agent, published_agent, published_task, mean, None, None,
+                                     "not stated in REFERENCES.md", None, None, "final average episodic return",
+                                     STREAM_X))
+    return scores
+
+
+PUBLISHED: list[PublishedScore] = _published_scores()
+
+D4RL_SOURCE = "D4RL reference returns (random policy, expert policy)"
+SCORE_RANGES: dict[str, ScoreRange] = {
+    "hopper": ScoreRange("hopper", -20.272305, 3234.3, D4RL_SOURCE),
+    "halfcheetah": ScoreRange("halfcheetah", -280.178953, 12135.0, D4RL_SOURCE),
+    "walker2d": ScoreRange("walker2d", 1.629008, 4592.3, D4RL_SOURCE),
+    "invertedpendulum": ScoreRange("invertedpendulum", 0.0, 1000.0,
+                                   "the env's own range: reward 1 per step, at most 1000 steps"),
+}
+
+
+def task_key(task_id: str) -> str:
+    """'Hopper-v5' -> 'hopper'; 'keelrl/SafeHopperVelocity-v1' -> 'safehoppervelocity'; 'hopper-medium-v0' -> 'hopper-medium'."""
+    name = task_id.rsplit("/", 1)[-1]
+    return re.sub(r"-v\d+$", "", name).lower()
+
+
+def published_for(family: str, agent: str, task_id: str) -> list[PublishedScore]:
+    """The published figures for this agent module on this task (any environment version)."""
+    key = task_key(task_id)
+    return [p for p in PUBLISHED if p.family == family and p.agent == agent and p.task == key]
+
+
+def score_range(task_id: str) -> ScoreRange | None:
+    """The normalisation range of a task: its own entry, else its robot's ('hopper-medium' -> 'hopper')."""
+    key = task_key(task_id)
+    return SCORE_RANGES.get(key) or SCORE_RANGES.get(key.split("-")[0])
+
+
+def normalized_score(task_id: str, value: float) -> float:
+    """100 · (value − low) / (high − low) with the task's range; NaN if it has none."""
+    bounds = score_range(task_id)
+    if bounds is None:
+        return float("nan")
+    return 100.0 * (value - bounds.low) / (bounds.high - bounds.low)

@@ -1,0 +1,236 @@
+"""Leaderboard outputs: a Markdown page (one table per task family, keelrl beside published figures
+with their source and budget), learning-curve PNGs and CSVs of every number."""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import os
+import platform
+import subprocess
+import time
+from pathlib import Path
+
+import numpy as np
+
+from keelrl.benchmarks.aggregate import (
+    LAST_EPISODES,
+    AgentIQM,
+    CellSummary,
+    RunResult,
+    iqm_by_agent,
+    summarize_cells,
+)
+from keelrl.benchmarks.reference_scores import PublishedScore, published_for, score_range
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+BUDGET_UNITS = {"offline": "gradient updates", "rlvr": "iterations"}  # other families: environment steps
+RETURN_NAMES = {"rlvr": "final held-out greedy reward"}  # other families: the evaluation return
+
+
+def steps_text(steps: int | None) -> str:
+    """15000 -> '15k', 1000000 -> '1M'."""
+    if steps is None:
+        return "not stated"
+    for unit, size in (("M", 1_000_000), ("k", 1_000)):
+        if steps >= size:
+            return f"{steps / size:g}{unit}"
+    return str(steps)
+
+
+def _pm(mean: float, std: float, digits: int = 1) -> str:
+    if not np.isfinite(mean):
+        return "–"
+    return f"{mean:.{digits}f} ± {std:.{digits}f}"
+
+
+def machine_description() -> list[str]:
+    """What ran the grid: CPU, cores this process may use, library versions, keelrl commit."""
+    import gymnasium
+    import torch
+
+    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                if line.startswith("model name")), platform.processor()) if Path("/proc/cpuinfo").exists() else platform.processor()
+    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    lines = [f"Machine: {cpu}, {os.cpu_count()} CPU cores ({usable} usable by the process that wrote this page), "
+             f"{platform.system()} {platform.release()}",
+             f"Software: Python {platform.python_version()}, torch {torch.__version__}, gymnasium {gymnasium.__version__}"]
+    commit = _git("rev-parse", "--short", "HEAD")
+    if commit:
+        dirty = " (with uncommitted changes)" if _git("status", "--porcelain", "--untracked-files=no") else ""
+        lines.append(f"keelrl commit: `{commit}`{dirty}")
+    return lines
+
+
+def _git(*args: str) -> str:
+    try:
+        return subprocess.run(["git", *args], cwd=REPO_ROOT, capture_output=True, text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
+
+
+@dataclasses.dataclass
+class _Sources:
+    """Numbered list of the published sources cited in one table."""
+
+    entries: list[str] = dataclasses.field(default_factory=list)
+
+    def cite(self, published: PublishedScore) -> int:
+        text = (f"{published.source}: {published.published_agent} on {published.published_task}, "
+                f"{published.budget}, {published.seeds or 'number of'} seeds{'' if published.seeds else ' not stated'}, "
+                f"{published.metric}")
+        if text not in self.entries:
+            self.entries.append(text)
+        return self.entries.index(text) + 1
+
+
+def _published_cell(cell: CellSummary, sources: _Sources) -> tuple[str, str]:
+    """(published figure with its citation, its budget against keelrl's) for one table row."""
+    figures = published_for(cell.family, cell.agent, cell.task)
+    if not figures:
+        return "no published figure", ""
+    values, budgets = [], []
+    for published in figures:
+        value = f"{published.mean:.1f}" + (f" ± {published.std:.1f}" if published.std is not None else "")
+        if published.cost is not None:
+            value += f" / cost {published.cost:.1f}"
+        values.append(f"{value} [{sources.cite(published)}]")
+        if published.budget_steps == cell.budget:
+            budgets.append(f"{published.budget}: same budget")
+        else:
+            budgets.append(f"{published.budget} vs keelrl {steps_text(cell.budget)}: **not comparable**")
+    return "<br>".join(values), "<br>".join(budgets)
+
+
+def family_table(family: str, cells: list[CellSummary], iqms: list[AgentIQM], results: list[RunResult]) -> list[str]:
+    """The Markdown section of one family: per-cell table, IQM table, curves, cells not finished."""
+    sources = _Sources()
+    safe = family == "safe"
+    normalised = any(np.isfinite(c.score_mean) for c in cells)
+    header = ["agent", "task", "budget", "seeds", RETURN_NAMES.get(family, "final eval return")]
+    header += ["final eval cost"] if safe else []
+    header += ["normalised score"] if normalised else []
+    header += [f"last {LAST_EPISODES} training episodes", "steps/s", "wall min/run", "published", "published budget"]
+    lines = [f"## {family}", "", f"Budget in {BUDGET_UNITS.get(family, 'environment steps')}; steps/s counts the same unit.",
+             "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for cell in cells:
+        row = [cell.label, cell.task, steps_text(cell.budget), f"{cell.seeds_done}/{cell.seeds_planned}",
+               _pm(cell.return_mean, cell.return_std)]
+        row += [_pm(cell.cost_mean, cell.cost_std)] if safe else []
+        row += [_pm(cell.score_mean, cell.score_std)] if normalised else []
+        row += [_pm(cell.last_train_mean, cell.last_train_std),
+                f"{cell.sps_mean:.0f}" if np.isfinite(cell.sps_mean) else "–",
+                f"{cell.wall_s_mean / 60:.1f}" if np.isfinite(cell.wall_s_mean) else "–",
+                *_published_cell(cell, sources)]
+        lines.append("| " + " | ".join(row) + " |")
+    lines += ["", "Published sources:" if sources.entries else "No published figure matches these agents and tasks."]
+    lines += [f"{i}. {entry}" for i, entry in enumerate(sources.entries, 1)]
+    ranges = {score_range(c.task) for c in cells} - {None}
+    if safe:
+        lines += ["", "Cost: mean episode cost of the final evaluation (the Lagrangian agents' default limit is 25, "
+                  "OmniSafe's; see each run's config.json for the limit it used)."]
+    if family == "offline":
+        lines += ["", "Normalised score: the offline agent's own (D4RL formula with its dataset's reference returns, "
+                  "logged as eval/normalized_score). keelrl's datasets are made here with the D4RL recipe, not the "
+                  "D4RL v2 files: published D4RL scores are on other data."]
+    elif ranges:
+        lines += ["", "Normalised score = 100 · (return − low) / (high − low); "
+                  + "; ".join(f"{r.task}: low {r.low:g}, high {r.high:g} ({r.source})" for r in sorted(ranges, key=str))
+                  + ". An agent that reports its own normalised score in eval.csv is taken at its word."]
+    if iqms:
+        lines += ["", "Interquartile mean over every finished run of the family (tasks × seeds pooled), with a "
+                  "stratified-bootstrap 95% confidence interval:", "",
+                  "| agent | metric | IQM | 95% CI | runs | tasks |", "|---|---|---|---|---|---|"]
+        lines += [f"| {a.label} | {a.metric} | {a.iqm:.1f} | [{a.ci_low:.1f}, {a.ci_high:.1f}] | {a.runs} | {a.tasks} |"
+                  for a in iqms]
+    not_done = [r for r in results if r.status != "done"]
+    if not_done:
+        lines += ["", "Cells without a finished run:"]
+        lines += [f"- {r.label} {r.task} seed {r.seed}: {r.status}" for r in not_done]
+    return lines
+
+
+def write_markdown(path: Path, title: str, header: list[str], results: list[RunResult], reps: int) -> None:
+    cells = summarize_cells(results)
+    iqms = iqm_by_agent(results, reps=reps)
+    lines = [f"# keelrl leaderboard: {title}", "", *[f"- {line}" for line in header], "",
+             "How to read it: \"final eval return\" is the mean over seeds (± std, ddof 0) of each run's last "
+             "evaluation (the mean return of the agent's deterministic evaluation episodes after its last step); "
+             f"\"last {LAST_EPISODES} training episodes\" is the mean return of a run's last {LAST_EPISODES} training "
+             "episodes, the figure CleanRL publishes. steps/s = the run's steps / the wall time of its agent "
+             "processes (start-up, evaluations and checkpoints included). Published figures stand beside keelrl's "
+             "with their budget: a figure measured at another budget or environment version is not comparable.", ""]
+    for family in dict.fromkeys(r.family for r in results):
+        lines += family_table(family, [c for c in cells if c.family == family], [a for a in iqms if a.family == family],
+                              [r for r in results if r.family == family])
+        if any(r.curve for r in results if r.family == family):
+            lines += ["", f"![{family} learning curves]({path.stem}_{family}.png)"]
+        lines.append("")
+    path.write_text("\n".join(lines))
+
+
+def plot_curves(path: Path, family: str, results: list[RunResult]) -> None:
+    """Evaluation return vs steps, one panel per task, mean over seeds with a ±1 std band per agent entry."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    tasks = list(dict.fromkeys(r.task for r in results))
+    cols = min(3, len(tasks))
+    rows = (len(tasks) + cols - 1) // cols
+    fig, axes = plt.subplots(rows, cols, figsize=(5 * cols, 3.6 * rows), squeeze=False)
+    for ax, task in zip(axes.flat, tasks):
+        for label in dict.fromkeys(r.label for r in results if r.task == task):
+            curves = [dict(r.curve) for r in results if r.task == task and r.label == label and r.curve]
+            if not curves:
+                continue
+            steps = sorted(set.intersection(*(set(c) for c in curves)))
+            values = np.array([[c[s] for s in steps] for c in curves])  # (seeds, evaluations)
+            mean, std = values.mean(axis=0), values.std(axis=0)
+            ax.plot(steps, mean, label=f"{label} ({len(curves)} seeds)")
+            ax.fill_between(steps, mean - std, mean + std, alpha=0.25)
+        ax.set_title(task)
+        ax.set_xlabel(BUDGET_UNITS.get(family, "environment steps"))
+        ax.set_ylabel("held-out greedy reward" if family == "rlvr" else "evaluation return")
+        ax.legend(fontsize=8)
+        ax.grid(alpha=0.3)
+    for ax in list(axes.flat)[len(tasks):]:
+        ax.set_visible(False)
+    fig.suptitle(f"keelrl {family}: mean over seeds, band ±1 std")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def _write_rows(path: Path, rows: list[dict]) -> None:
+    if not rows:
+        return
+    with path.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+
+
+def write_csvs(out_dir: Path, name: str, results: list[RunResult], reps: int) -> None:
+    """{name}_runs.csv (every run), _cells.csv (mean ± std per cell), _iqm.csv, _curves.csv (every evaluation)."""
+    runs = [{**{k: v for k, v in dataclasses.asdict(r).items() if k != "curve"}, "sps": r.sps} for r in results]
+    _write_rows(out_dir / f"{name}_runs.csv", runs)
+    _write_rows(out_dir / f"{name}_cells.csv", [dataclasses.asdict(c) for c in summarize_cells(results)])
+    _write_rows(out_dir / f"{name}_iqm.csv", [dataclasses.asdict(a) for a in iqm_by_agent(results, reps=reps)])
+    _write_rows(out_dir / f"{name}_curves.csv", [
+        {"family": r.family, "agent": r.label, "task": r.task, "seed": r.seed, "step": step, "eval_return": value}
+        for r in results for step, value in r.curve])
+
+
+def write_report(out_dir: Path, name: str, results: list[RunResult], header: list[str], reps: int) -> list[Path]:
+    """Markdown, PNGs and CSVs of the results under out_dir; the paths written."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    header = [*header, *machine_description(), f"Generated: {time.strftime('%Y-%m-%d %H:%M %Z')}"]
+    write_markdown(out_dir / f"{name}.md", name, header, results, reps)
+    write_csvs(out_dir, name, results, reps)
+    for family in dict.fromkeys(r.family for r in results):
+        family_results = [r for r in results if r.family == family]
+        if any(r.curve for r in family_results):
+            plot_curves(out_dir / f"{name}_{family}.png", family, family_results)
+    return sorted(out_dir.glob(f"{name}*"))

@@ -1,0 +1,189 @@
+"""Leaderboard: statistics against hand computations, grid files, and tiny grids run for real
+(2 local workers, a second invocation that does nothing, a grid killed mid-run and resumed, Ray)."""
+
+import csv
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from keelrl.benchmarks import leaderboard
+from keelrl.benchmarks.aggregate import iqm, stratified_bootstrap_ci
+from keelrl.benchmarks.reference_scores import normalized_score, published_for, task_key
+from keelrl.benchmarks.report import write_report
+
+# A tiny SAC/TD3 cell: 200 random-action steps (no updates), an evaluation of 2 episodes every 100 steps.
+TINY = {"learning-starts": 200, "hidden-sizes": [16, 16], "batch-size": 16, "eval-freq": 100, "eval-episodes": 2,
+        "checkpoint-freq": 100}
+TASK = "InvertedPendulum-v5"
+
+
+def tiny_grid(name, agents, seeds=(1, 2), steps=200, options=TINY):
+    return leaderboard.grid_from_dict(
+        {"name": name, "family": "online", "seeds": list(seeds), "steps": steps, "options": dict(options),
+         "tasks": [TASK], "agents": list(agents)}, name)
+
+
+def eval_rows(run_dir):
+    with open(Path(run_dir) / "eval.csv") as f:
+        return list(csv.DictReader(f))
+
+
+def test_iqm_drops_a_quarter_at_each_end():
+    # 8 scores sorted: 1 2 3 4 5 7 9 100 -> drop 2 each side -> mean(3, 4, 5, 7) = 4.75
+    assert iqm(np.array([[1, 9], [3, 4], [100, 2], [5, 7]])) == pytest.approx(4.75)
+    # 10 scores: floor(10/4) = 2 dropped each side -> mean(3..8) = 5.5
+    assert iqm(np.arange(1, 11)) == pytest.approx(5.5)
+    assert iqm(np.array([3.0, 1.0, 2.0])) == pytest.approx(2.0)  # n < 4: nothing dropped
+
+
+def test_stratified_bootstrap_ci_matches_the_exact_resampling_distribution():
+    # Task A runs (0, 10), task B runs (100, 200). A stratified resample redraws 2 runs within each
+    # task, and the IQM of the 4 pooled scores is (max of A's draws + min of B's draws) / 2:
+    #   50 w.p. 3/16, 55 w.p. 9/16, 100 w.p. 1/16, 105 w.p. 3/16 (cumulative 18.75%, 75%, 81.25%, 100%).
+    # Its 2.5% and 97.5% percentiles are 50 and 105; its 35% and 65% percentiles are both 55.
+    # (Resampling the pooled runs instead would often draw three or four of A's: low end near 10.)
+    scores_by_task = [np.array([0.0, 10.0]), np.array([100.0, 200.0])]
+    assert stratified_bootstrap_ci(scores_by_task, reps=20_000, seed=1) == (50.0, 105.0)
+    assert stratified_bootstrap_ci(scores_by_task, reps=20_000, confidence=0.3, seed=1) == (55.0, 55.0)
+    # Unequal runs per task: A = (7) is kept in every resample; 3 scores, nothing trimmed, so the IQM
+    # is the mean of (7, 1, 1) = 3 w.p. 1/4, (7, 1, 3) = 11/3 w.p. 1/2, (7, 3, 3) = 13/3 w.p. 1/4.
+    low, high = stratified_bootstrap_ci([np.array([7.0]), np.array([1.0, 3.0])], reps=4_000, seed=0)
+    assert (low, high) == (3.0, pytest.approx(13 / 3))
+
+
+def test_reference_scores_and_task_keys():
+    assert task_key("Hopper-v5") == task_key("Hopper-v4") == "hopper"
+    assert task_key("keelrl/SafeHopperVelocity-v1") == "safehoppervelocity"
+    assert task_key("keelrl/hopper-medium-v0") == "hopper-medium"
+    assert normalized_score("Hopper-v5", 3234.3) == pytest.approx(100.0)
+    assert normalized_score("hopper-medium-v0", -20.272305) == pytest.approx(0.0)
+    assert normalized_score("InvertedPendulum-v5", 500.0) == pytest.approx(50.0)
+    assert np.isnan(normalized_score("CartPole-v1", 500.0))
+    (cleanrl,) = published_for("online", "sac", "Hopper-v5")
+    assert (cleanrl.mean, cleanrl.std, cleanrl.budget_steps, cleanrl.published_task) == (2310.46, 342.82, 1_000_000,
+                                                                                         "Hopper-v4")
+    (saclag,) = published_for("safe", "sac_lag", "keelrl/SafeHopperVelocity-v1")
+    assert (saclag.mean, saclag.cost) == (963.49, 20.23)
+
+
+def test_grid_files_are_checked(tmp_path):
+    with pytest.raises(ValueError, match="unknown key"):
+        leaderboard.grid_from_dict({"tasks": [TASK], "agents": ["sac"], "steps": 10, "sedes": [1]}, "g")
+    with pytest.raises(ValueError, match="set by the leaderboard"):
+        leaderboard.grid_from_dict({"tasks": [TASK], "agents": ["sac"], "steps": 10, "options": {"seed": 3}}, "g")
+    with pytest.raises(ValueError, match="positive step budget"):
+        leaderboard.grid_from_dict({"tasks": [TASK], "agents": ["sac"]}, "g")
+    with pytest.raises(FileNotFoundError, match="online-small"):
+        leaderboard.load_grid("no-such-grid")
+    with pytest.raises(ValueError, match="has no option"):
+        leaderboard.run_grids([tiny_grid("g", ["sac"], options={"learning-rate-typo": 1})], tmp_path, log=lambda _: None)
+    grid = tiny_grid("g", ["sac"], options={"normalize-obs": True, "hidden-sizes": [8, 8], "eval-freq": 50})
+    assert leaderboard.expand(grid, tmp_path)[0].args == [
+        "--seed", "1", "--normalize-obs", "--hidden-sizes", "8", "8", "--eval-freq", "50", "--env-id", TASK,
+        "--total-timesteps", "200"]
+
+
+def test_every_preset_grid_loads_and_names_only_options_its_agents_have(tmp_path):
+    presets = sorted(leaderboard.GRIDS_DIR.glob("*.toml"))
+    families = {leaderboard.load_grid(path.stem).family for path in presets}
+    assert families == set(leaderboard.FAMILIES)
+    for path in presets:
+        cells = leaderboard.expand(leaderboard.load_grid(path.stem), tmp_path)
+        leaderboard.check_agents(cells)  # raises on an option an available agent does not have
+
+
+def test_grid_runs_with_two_workers_then_a_second_invocation_does_nothing(tmp_path):
+    messages = []
+    grid = tiny_grid("two-workers", ["sac", "td3", "no_such_agent"], seeds=(1,))
+    results = leaderboard.run_grids([grid], tmp_path / "runs", workers=2, log=messages.append)
+
+    assert [r.status for r in results] == ["done", "done", "unavailable"]
+    assert any("unavailable: agent 'no_such_agent' (keelrl.agents.no_such_agent does not exist" in m for m in messages)
+    cells = leaderboard.expand(grid, tmp_path / "runs")
+    attempts = [cell.record()["attempts"] for cell in cells[:2]]
+    assert all(len(a) == 1 and a[0]["mode"] == "new" and a[0]["returncode"] == 0 for a in attempts)
+    spans = sorted((a[0]["start_time"], a[0]["start_time"] + a[0]["wall_s"]) for a in attempts)
+    assert spans[1][0] < spans[0][1]  # two cells ran at the same time
+    for result in results[:2]:
+        last = eval_rows(result.run_dir)[-1]
+        assert result.steps == int(last["global_step"]) == 200
+        assert result.final_return == pytest.approx(float(last["mean_return"]))
+        assert result.score == pytest.approx(result.final_return / 10.0)  # InvertedPendulum: 100 · R / 1000
+        assert result.curve == [(100, pytest.approx(result.curve[0][1])), (200, result.final_return)]
+        assert result.sps > 0
+
+    written = write_report(tmp_path / "out", "two-workers", results, ["Command: test"], reps=500)
+    assert {p.name for p in written} == {"two-workers.md", "two-workers_runs.csv", "two-workers_cells.csv",
+                                        "two-workers_iqm.csv", "two-workers_curves.csv", "two-workers_online.png"}
+    markdown = (tmp_path / "out" / "two-workers.md").read_text()
+    assert "| sac | InvertedPendulum-v5 | 200 | 1/1 |" in markdown
+    assert "1M env steps vs keelrl 200: **not comparable**" in markdown
+    assert "no_such_agent InvertedPendulum-v5 seed 1: unavailable" in markdown
+    with open(tmp_path / "out" / "two-workers_runs.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert len(rows) == 3 and float(rows[0]["final_return"]) == pytest.approx(results[0].final_return)
+    with open(tmp_path / "out" / "two-workers_curves.csv") as f:
+        assert len(list(csv.DictReader(f))) == 2 * 2  # 2 runs, 2 evaluations each
+
+    messages.clear()
+    again = leaderboard.run_grids([grid], tmp_path / "runs", workers=2, log=messages.append)
+    assert "3 cells: 2 finished (skipped), 0 to resume, 0 to start, 1 unavailable" in messages[-1]
+    assert [cell.record()["attempts"] for cell in cells[:2]] == attempts
+    assert [r.final_return for r in again[:2]] == [r.final_return for r in results[:2]]
+
+
+def test_a_grid_killed_mid_run_is_resumed_from_the_checkpoint(tmp_path):
+    options = {**TINY, "learning-starts": 100, "eval-freq": 150}
+    grid_file = tmp_path / "killed.toml"
+    grid_file.write_text(
+        'name = "killed"\nseeds = [1]\nsteps = 300\ntasks = ["InvertedPendulum-v5"]\nagents = ["sac"]\n'
+        f"options = {json.dumps(options).replace(':', ' =')}\n"
+    )
+    runs = tmp_path / "runs"
+    command = [sys.executable, "-m", "keelrl.benchmarks.leaderboard", "--grid", str(grid_file), "--workers", "1",
+               "--runs-dir", str(runs), "--out-dir", str(tmp_path / "out")]
+    first = subprocess.Popen(command, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    cell = leaderboard.expand(leaderboard.load_grid(str(grid_file)), runs)[0]
+    deadline = time.monotonic() + 60
+    while cell.state()[0] != "resume" and time.monotonic() < deadline:
+        time.sleep(0.05)
+    os.killpg(first.pid, signal.SIGKILL)  # the leaderboard and its agent process die at once
+    first.wait()
+    state, run_dir = cell.state()
+    assert state == "resume", "no checkpoint was written within 60 s"
+    with open(run_dir / "episodes.csv") as f:
+        before = list(csv.DictReader(f))
+
+    (result,) = leaderboard.run_grids([cell.grid], runs, workers=1, log=lambda _: None)
+    assert result.status == "done" and result.run_dir == str(run_dir)  # the same run directory, continued
+    assert [a["mode"] for a in cell.record()["attempts"]] == ["resume"]
+    assert f"resume run: python -m keelrl.agents.sac --resume {run_dir.resolve()}" in (cell.cell_dir / "log.txt").read_text()
+    assert int(eval_rows(run_dir)[-1]["global_step"]) == 300
+    with open(run_dir / "episodes.csv") as f:
+        after = list(csv.DictReader(f))
+    steps = [int(row["global_step"]) for row in after]
+    assert steps == sorted(set(steps))  # no duplicate, no step twice
+    kept = [row for row in before if int(row["global_step"]) <= 100]
+    assert after[: len(kept)] == kept  # what the checkpoint covered is unchanged
+
+
+def test_a_grid_runs_on_a_local_ray_instance(tmp_path):
+    ray = pytest.importorskip("ray", reason="Ray is not installed: pip install 'keelrl[ray]' to run this test")
+    options = [arg for name, value in TINY.items() for arg in ("--option", f"{name}={json.dumps(value)}")]
+    argv = ["--agents", "sac", "--tasks", TASK, "--seeds", "1", "2", "--steps", "200", *options, "--name", "ray-grid",
+            "--ray", "local", "--workers", "2", "--runs-dir", str(tmp_path / "runs"), "--out-dir", str(tmp_path / "out"),
+            "--bootstrap-reps", "200"]
+    assert leaderboard.main(argv) == 0
+    assert not ray.is_initialized()  # the local instance it started is shut down
+    for cell in leaderboard.expand(tiny_grid("ray-grid", ["sac"]), tmp_path / "runs"):
+        (attempt,) = cell.record()["attempts"]
+        assert attempt["returncode"] == 0 and attempt["worker_pid"] != os.getpid()  # ran inside a Ray worker
+        assert cell.state()[0] == "done"
+    assert "Execution: Ray (local), --workers 2" in (tmp_path / "out" / "ray-grid.md").read_text()
