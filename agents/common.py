@@ -111,7 +111,25 @@ def load_run_config(run_dir: str | os.PathLike, algo: str, config_cls: type) -> 
             f"resume it with keelrl.agents.{payload.get('algo')}."
         )
     fields = {f.name for f in dataclasses.fields(config_cls)}
-    return config_cls(**{k: v for k, v in payload["config"].items() if k in fields})
+    # JSON turned the configs' tuples (hidden sizes, ...) into lists
+    return config_cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in payload["config"].items() if k in fields})
+
+
+def start_or_resume(
+    config: Any, algo: str, validate: Callable[[Any], None], keep_from_command_line: tuple[str, ...] = ("quiet",)
+) -> tuple[Any, Path | None, dict[str, Any] | None]:
+    """A new run's validated config (and no run directory or checkpoint yet); under `--resume RUN_DIR`,
+    the interrupted run's saved config, with the options in `keep_from_command_line` taken from this
+    command line, its directory and its checkpoint."""
+    if config.resume is None:
+        validate(config)
+        return config, None, None
+    run_dir = Path(config.resume)
+    saved = load_run_config(run_dir, algo, type(config))
+    overrides = {name: getattr(config, name) for name in keep_from_command_line}
+    saved = dataclasses.replace(saved, resume=str(run_dir), **overrides)
+    validate(saved)
+    return saved, run_dir, load_checkpoint(run_dir / CHECKPOINT_FILE, algo)
 
 
 def save_checkpoint(path: Path, state: dict[str, Any]) -> None:

@@ -45,7 +45,6 @@ from keelrl.agents.common import (
     DEFAULT_THREADS,
     RunLogger,
     load_checkpoint,
-    load_run_config,
     new_run_dir,
     progress_bar,
     restore_rng_state,
@@ -55,6 +54,7 @@ from keelrl.agents.common import (
     save_config,
     seed_everything,
     set_threads,
+    start_or_resume,
 )
 from keelrl.envs.rlvr_tasks import Problem, Task, make_task, pass_at_k
 from keelrl.envs.token_env import UNFILLED, GroupTokenEnv
@@ -519,22 +519,11 @@ class GRPOResult:
         return float(np.mean(self.final_eval_returns))
 
 
-def _start_run(config: GRPOConfig) -> tuple[GRPOConfig, Path | None, dict | None]:
-    """Validate a new config, or reload the config and checkpoint of an interrupted run."""
-    if config.resume is None:
-        validate(config)
-        return config, None, None
-    run_dir = Path(config.resume)
-    saved = load_run_config(run_dir, ALGO, GRPOConfig)
-    saved = dataclasses.replace(saved, resume=str(run_dir), quiet=config.quiet, max_minutes=config.max_minutes)
-    validate(saved)
-    return saved, run_dir, load_checkpoint(run_dir / CHECKPOINT_FILE, ALGO)
-
-
 def train(config: GRPOConfig) -> GRPOResult:
     """Warm up, then sample groups, update, log, evaluate and checkpoint until `iterations` or `max_minutes`."""
     start_time = time.perf_counter()
-    config, run_dir, checkpoint = _start_run(config)
+    config, run_dir, checkpoint = start_or_resume(config, ALGO, validate,
+                                                  keep_from_command_line=("quiet", "max_minutes"))
     set_threads(config.threads)
     seed_everything(config.seed)
     task = make_task(config.task, config.task_size, config.max_value, config.heldout_fraction)

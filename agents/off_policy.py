@@ -29,7 +29,6 @@ from keelrl.agents.common import (
     TrainResult,
     evaluate_policy,
     load_checkpoint,
-    load_run_config,
     new_run_dir,
     progress_bar,
     restore_rng_state,
@@ -38,6 +37,7 @@ from keelrl.agents.common import (
     save_config,
     seed_everything,
     set_threads,
+    start_or_resume,
 )
 from keelrl.buffers import Batch, ReplayBuffer
 from keelrl.envs import make_vec_env
@@ -402,25 +402,12 @@ def evaluate(agent: OffPolicyAgent, env_id: str, episodes: int = 10, seed: int =
     return evaluate_policy(lambda obs: agent.act(obs, deterministic=True), env_id, episodes, seed)
 
 
-def _start_run(
-    config: OffPolicyConfig, algo: str, presets: dict, validate
-) -> tuple[OffPolicyConfig, Path | None, dict | None]:
-    """Validate a new config, or reload the config and checkpoint of an interrupted run."""
-    if config.resume is None:
-        config = apply_preset(config, presets)
-        validate(config)
-        return config, None, None
-    run_dir = Path(config.resume)
-    saved = load_run_config(run_dir, algo, type(config))
-    saved = dataclasses.replace(saved, hidden_sizes=tuple(saved.hidden_sizes), resume=str(run_dir), quiet=config.quiet)
-    validate(saved)
-    return saved, run_dir, load_checkpoint(run_dir / CHECKPOINT_FILE, algo)
-
-
 def train_off_policy(agent_cls: type[OffPolicyAgent], config: OffPolicyConfig, validate) -> TrainResult:
     """Collect, update, log, evaluate and checkpoint until `total_timesteps` environment steps."""
     algo = agent_cls.algo
-    config, run_dir, checkpoint = _start_run(config, algo, agent_cls.presets, validate)
+    if config.resume is None:
+        config = apply_preset(config, agent_cls.presets)
+    config, run_dir, checkpoint = start_or_resume(config, algo, validate)
     set_threads(config.threads)
     seed_everything(config.seed)
     global_step = 0 if checkpoint is None else checkpoint["global_step"]

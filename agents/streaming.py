@@ -31,7 +31,6 @@ from keelrl.agents.common import (
     RunLogger,
     TrainResult,
     load_checkpoint,
-    load_run_config,
     new_run_dir,
     progress_bar,
     restore_rng_state,
@@ -40,6 +39,7 @@ from keelrl.agents.common import (
     save_config,
     seed_everything,
     set_threads,
+    start_or_resume,
 )
 from keelrl.envs.streaming_wrappers import (
     load_stream_env_state,
@@ -261,18 +261,6 @@ def evaluate(agent: StreamAgent, env_id: str, episodes: int = 10, seed: int = 0)
     return np.array(returns), np.array(costs)
 
 
-def _start_run(config: StreamConfig, algo: str, validate) -> tuple[StreamConfig, Path | None, dict | None]:
-    """Validate a new config, or reload the config and checkpoint of an interrupted run."""
-    if config.resume is None:
-        validate(config)
-        return config, None, None
-    run_dir = Path(config.resume)
-    saved = load_run_config(run_dir, algo, type(config))
-    saved = dataclasses.replace(saved, hidden_sizes=tuple(saved.hidden_sizes), resume=str(run_dir), quiet=config.quiet)
-    validate(saved)
-    return saved, run_dir, load_checkpoint(run_dir / CHECKPOINT_FILE, algo)
-
-
 def _check_finite(reward: float, obs: np.ndarray, global_step: int, run_dir: Path) -> None:
     if not (math.isfinite(reward) and np.isfinite(obs).all()):
         raise FloatingPointError(
@@ -289,7 +277,7 @@ def train_streaming(agent_cls: type[StreamAgent], config: StreamConfig, validate
     its eligibility traces and return trace start from zero, as after any episode end.
     """
     algo = agent_cls.algo
-    config, run_dir, checkpoint = _start_run(config, algo, validate)
+    config, run_dir, checkpoint = start_or_resume(config, algo, validate)
     set_threads(config.threads)
     seed_everything(config.seed)
     global_step = 0 if checkpoint is None else checkpoint["global_step"]
