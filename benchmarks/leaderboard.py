@@ -125,8 +125,8 @@ def _options(where: str, options: Any) -> dict[str, Any]:
 
 def grid_from_dict(spec: dict[str, Any], default_name: str) -> Grid:
     """Build and check a grid from a parsed TOML table (see the module docstring for its keys)."""
-    _check_keys(f"grid {default_name}", spec,
-                {"name", "family", "description", "seeds", "steps", "options", "task_flag", "steps_flag", "tasks", "agents"})
+    _check_keys(f"grid {default_name}", spec, {"name", "family", "description", "seeds", "steps", "options",
+                                               "task_flag", "steps_flag", "tasks", "agents"})
     name = spec.get("name", default_name)
     family = spec.get("family", "online")
     if family not in FAMILIES:
@@ -156,7 +156,8 @@ def _task(grid: str, task: Any, default_steps: int | None) -> TaskEntry:
     _check_keys(f"grid {grid}, task", task, {"id", "steps", "options"})
     steps = task.get("steps", default_steps)
     if not isinstance(steps, int) or steps < 1:
-        raise ValueError(f"grid {grid}, task {task.get('id')}: give a positive step budget (steps = ...), got {steps!r}.")
+        raise ValueError(f"grid {grid}, task {task.get('id')}: give a positive step budget (steps = ...), "
+                         f"got {steps!r}.")
     return TaskEntry(task["id"], steps, _options(f"grid {grid}, task {task['id']}", task.get("options", {})))
 
 
@@ -330,7 +331,8 @@ def check_agents(cells: list[Cell]) -> dict[str, str]:
             unknown = sorted(name for name in given if name not in fields)
             if unknown:
                 raise ValueError(f"grid {cell.grid.name}, agent {cell.agent.name}: keelrl.agents.{module} has no "
-                                 f"option(s) {['--' + u for u in unknown]} (see python -m keelrl.agents.{module} --help).")
+                                 f"option(s) {['--' + u for u in unknown]} "
+                                 f"(see python -m keelrl.agents.{module} --help).")
     return unavailable
 
 
@@ -430,7 +432,8 @@ def run_grids(
         cell, mode, _ = job
         cell.add_attempt(mode, {**outcome, "leaderboard": invocation})
         finished += 1
-        status = "done" if cell.state()[0] == "done" else f"FAILED (exit {outcome['returncode']}, see {cell.cell_dir / LOG_FILE})"
+        status = ("done" if cell.state()[0] == "done"
+                  else f"FAILED (exit {outcome['returncode']}, see {cell.cell_dir / LOG_FILE})")
         log(f"[{finished}/{len(jobs)}] {cell.agent.name} {cell.task.id} seed {cell.seed}: {status}, "
             f"{outcome['wall_s'] / 60:.1f} min")
 
@@ -490,7 +493,7 @@ class Args:
     workers: int = 2
     """cells run at once on this machine (with --ray local: the CPUs of the local Ray instance)"""
     ray: str | None = None
-    """run cells as Ray tasks: 'local' starts Ray here, 'auto' or HOST:PORT joins a cluster (pip install 'keelrl[ray]')"""
+    """run cells as Ray tasks: 'local' starts Ray here, 'auto' or HOST:PORT joins a cluster (needs keelrl[ray])"""
     runs_dir: str = "runs/leaderboard"
     """parent of the cell directories (on a Ray cluster: a directory every node sees)"""
     out_dir: str = "benchmarks/results/leaderboard"

@@ -141,7 +141,8 @@ SCORE_RANGES: dict[str, ScoreRange] = {
 
 
 def task_key(task_id: str) -> str:
-    """'Hopper-v5' -> 'hopper'; 'keelrl/SafeHopperVelocity-v1' -> 'safehoppervelocity'; 'hopper-medium-v0' -> 'hopper-medium'."""
+    """The id without namespace and version, lower-cased: 'Hopper-v5' -> 'hopper',
+    'keelrl/SafeHopperVelocity-v1' -> 'safehoppervelocity', 'hopper-medium-v0' -> 'hopper-medium'."""
     name = task_id.rsplit("/", 1)[-1]
     return re.sub(r"-v\d+$", "", name).lower()
 

@@ -44,17 +44,25 @@ def _pm(mean: float, std: float, digits: int = 1) -> str:
     return f"{mean:.{digits}f} ± {std:.{digits}f}"
 
 
+def _rate(per_second: float) -> str:
+    if not np.isfinite(per_second):
+        return "–"
+    return f"{per_second:.1f}" if per_second < 10 else f"{per_second:.0f}"
+
+
 def machine_description() -> list[str]:
     """What ran the grid: CPU, cores this process may use, library versions, keelrl commit."""
     import gymnasium
     import torch
 
-    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                if line.startswith("model name")), platform.processor()) if Path("/proc/cpuinfo").exists() else platform.processor()
+    cpuinfo = Path("/proc/cpuinfo").read_text().splitlines() if Path("/proc/cpuinfo").exists() else []
+    cpu = next((line.split(":", 1)[1].strip() for line in cpuinfo if line.startswith("model name")),
+               platform.processor())
     usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     lines = [f"Machine: {cpu}, {os.cpu_count()} CPU cores ({usable} usable by the process that wrote this page), "
              f"{platform.system()} {platform.release()}",
-             f"Software: Python {platform.python_version()}, torch {torch.__version__}, gymnasium {gymnasium.__version__}"]
+             f"Software: Python {platform.python_version()}, torch {torch.__version__}, "
+             f"gymnasium {gymnasium.__version__}"]
     commit = _git("rev-parse", "--short", "HEAD")
     if commit:
         dirty = " (with uncommitted changes)" if _git("status", "--porcelain", "--untracked-files=no") else ""
@@ -76,9 +84,9 @@ class _Sources:
     entries: list[str] = dataclasses.field(default_factory=list)
 
     def cite(self, published: PublishedScore) -> int:
+        seeds = f"{published.seeds} seeds" if published.seeds else "number of seeds not stated"
         text = (f"{published.source}: {published.published_agent} on {published.published_task}, "
-                f"{published.budget}, {published.seeds or 'number of'} seeds{'' if published.seeds else ' not stated'}, "
-                f"{published.metric}")
+                f"{published.budget}, {seeds}, {published.metric}")
         if text not in self.entries:
             self.entries.append(text)
         return self.entries.index(text) + 1
@@ -111,15 +119,16 @@ def family_table(family: str, cells: list[CellSummary], iqms: list[AgentIQM], re
     header += ["final eval cost"] if safe else []
     header += ["normalised score"] if normalised else []
     header += [f"last {LAST_EPISODES} training episodes", "steps/s", "wall min/run", "published", "published budget"]
-    lines = [f"## {family}", "", f"Budget in {BUDGET_UNITS.get(family, 'environment steps')}; steps/s counts the same unit.",
-             "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    unit = BUDGET_UNITS.get(family, "environment steps")
+    lines = [f"## {family}", "", f"Budget in {unit}; steps/s counts the same unit.", "",
+             "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for cell in cells:
         row = [cell.label, cell.task, steps_text(cell.budget), f"{cell.seeds_done}/{cell.seeds_planned}",
                _pm(cell.return_mean, cell.return_std)]
         row += [_pm(cell.cost_mean, cell.cost_std)] if safe else []
         row += [_pm(cell.score_mean, cell.score_std)] if normalised else []
         row += [_pm(cell.last_train_mean, cell.last_train_std),
-                f"{cell.sps_mean:.0f}" if np.isfinite(cell.sps_mean) else "–",
+                _rate(cell.sps_mean),
                 f"{cell.wall_s_mean / 60:.1f}" if np.isfinite(cell.wall_s_mean) else "–",
                 *_published_cell(cell, sources)]
         lines.append("| " + " | ".join(row) + " |")

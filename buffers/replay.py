@@ -180,7 +180,10 @@ class ReplayBuffer:
         self.generator.set_state(state["generator"])
 
     def save(self, path: str | os.PathLike) -> None:
-        torch.save(self.state_dict(), path)
+        """Write atomically (a temporary file, then a rename): a run killed mid-write keeps the previous file."""
+        tmp = f"{path}.tmp"
+        torch.save(self.state_dict(), tmp)
+        os.replace(tmp, path)
 
     def load(self, path: str | os.PathLike) -> None:
         self.load_state_dict(torch.load(path, map_location="cpu", weights_only=True))

@@ -83,7 +83,8 @@ def test_grid_files_are_checked(tmp_path):
     with pytest.raises(FileNotFoundError, match="online-small"):
         leaderboard.load_grid("no-such-grid")
     with pytest.raises(ValueError, match="has no option"):
-        leaderboard.run_grids([tiny_grid("g", ["sac"], options={"learning-rate-typo": 1})], tmp_path, log=lambda _: None)
+        leaderboard.run_grids([tiny_grid("g", ["sac"], options={"learning-rate-typo": 1})], tmp_path,
+                              log=lambda _: None)
     grid = tiny_grid("g", ["sac"], options={"normalize-obs": True, "hidden-sizes": [8, 8], "eval-freq": 50})
     assert leaderboard.expand(grid, tmp_path)[0].args == [
         "--seed", "1", "--normalize-obs", "--hidden-sizes", "8", "8", "--eval-freq", "50", "--env-id", TASK,
@@ -164,7 +165,8 @@ def test_a_grid_killed_mid_run_is_resumed_from_the_checkpoint(tmp_path):
     (result,) = leaderboard.run_grids([cell.grid], runs, workers=1, log=lambda _: None)
     assert result.status == "done" and result.run_dir == str(run_dir)  # the same run directory, continued
     assert [a["mode"] for a in cell.record()["attempts"]] == ["resume"]
-    assert f"resume run: python -m keelrl.agents.sac --resume {run_dir.resolve()}" in (cell.cell_dir / "log.txt").read_text()
+    log = (cell.cell_dir / "log.txt").read_text()
+    assert f"resume run: python -m keelrl.agents.sac --resume {run_dir.resolve()}" in log
     assert int(eval_rows(run_dir)[-1]["global_step"]) == 300
     with open(run_dir / "episodes.csv") as f:
         after = list(csv.DictReader(f))
@@ -177,9 +179,9 @@ def test_a_grid_killed_mid_run_is_resumed_from_the_checkpoint(tmp_path):
 def test_a_grid_runs_on_a_local_ray_instance(tmp_path):
     ray = pytest.importorskip("ray", reason="Ray is not installed: pip install 'keelrl[ray]' to run this test")
     options = [arg for name, value in TINY.items() for arg in ("--option", f"{name}={json.dumps(value)}")]
-    argv = ["--agents", "sac", "--tasks", TASK, "--seeds", "1", "2", "--steps", "200", *options, "--name", "ray-grid",
-            "--ray", "local", "--workers", "2", "--runs-dir", str(tmp_path / "runs"), "--out-dir", str(tmp_path / "out"),
-            "--bootstrap-reps", "200"]
+    argv = ["--agents", "sac", "--tasks", TASK, "--seeds", "1", "2", "--steps", "200", *options,
+            "--name", "ray-grid", "--ray", "local", "--workers", "2", "--runs-dir", str(tmp_path / "runs"),
+            "--out-dir", str(tmp_path / "out"), "--bootstrap-reps", "200"]
     assert leaderboard.main(argv) == 0
     assert not ray.is_initialized()  # the local instance it started is shut down
     for cell in leaderboard.expand(tiny_grid("ray-grid", ["sac"]), tmp_path / "runs"):
