@@ -1,5 +1,8 @@
-"""keelrl.buffers: replay storage shared by the agents."""
+"""keelrl.buffers: replay storage shared by the agents, offline datasets (D4RL layout, Minari) and their corruption."""
 
+from keelrl.buffers.corruption import corrupt_dataset
+from keelrl.buffers.offline import DatasetBuffer, load_dataset, normalized_score, write_minari_dataset
 from keelrl.buffers.replay import Batch, ReplayBuffer
 
-__all__ = ["Batch", "ReplayBuffer"]
+__all__ = ["Batch", "ReplayBuffer", "DatasetBuffer", "load_dataset", "write_minari_dataset", "normalized_score",
+           "corrupt_dataset"]

@@ -1,0 +1,338 @@
+"""Make D4RL-style offline datasets with keelrl's SAC and store them as Minari datasets.
+
+Run:  python -m keelrl.benchmarks.make_datasets --env-id Hopper-v5                 # full D4RL scale (1M)
+      python -m keelrl.benchmarks.make_datasets --env-id Hopper-v5 --steps 2000 --sac-steps 20000
+Load: keelrl.buffers.offline.load_dataset("keelrl/hopper-medium-v0")  (or --dataset of any offline agent)
+
+The D4RL recipe (Fu et al. 2020), for one environment:
+- `random`: `--steps` transitions of a uniform random policy;
+- `medium`: SAC trained and stopped early, when its deterministic evaluation first reaches
+  `--medium-return` (default: one third of D4RL's expert return for hopper, halfcheetah and walker2d);
+  `--steps` transitions of that policy, actions sampled from it;
+- `medium-replay`: the replay buffer of that medium run (every transition seen until it stopped);
+- `expert`: the same SAC run continued to `--sac-steps`; `--steps` transitions of it;
+- `medium-expert`: medium followed by expert.
+Every dataset records `ref_min_score` (mean return of the random policy) and `ref_max_score` (mean
+return of the deterministic expert) over `--ref-episodes` episodes; without an expert in the run,
+D4RL's expert reference return is used (and said).
+
+Resuming: everything lives in `--work-dir`. SAC trains in chunks of `--eval-every` steps with a
+checkpoint after each, finished policies are kept (medium.pt, medium_buffer.pt, expert.pt) and a
+Minari dataset that exists is not rewritten, so rerunning the same command continues where it stopped.
+Instead of training, `--medium-model`, `--medium-buffer` and `--expert-model` take existing keelrl
+SAC files (a run's model.pt and buffer.pt).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import shutil
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+import torch
+
+from keelrl.agents.common import CHECKPOINT_FILE, evaluate_policy, load_run_config, progress_bar, save_config
+from keelrl.agents.sac import SAC, SACConfig
+from keelrl.agents.sac import train as train_sac
+from keelrl.buffers.offline import (
+    D4RL_REF_SCORES,
+    default_data_path,
+    env_family,
+    episode_returns,
+    load_dataset,
+    normalized_score,
+    write_minari_dataset,
+)
+from keelrl.envs import make_vec_env
+
+DatasetKind = Literal["random", "medium", "medium-replay", "expert", "medium-expert"]
+ALL_KINDS: tuple[DatasetKind, ...] = ("random", "medium", "medium-replay", "expert", "medium-expert")
+
+
+@dataclasses.dataclass
+class MakeDatasetsConfig:
+    env_id: str = "Hopper-v5"
+    """environment to collect in (Hopper-v5, HalfCheetah-v5, Walker2d-v5, or any Box-action env)"""
+    datasets: tuple[DatasetKind, ...] = ALL_KINDS
+    """which datasets to make"""
+    steps: int = 1_000_000
+    """transitions in each of the random, medium and expert datasets (D4RL: 1M)"""
+    sac_steps: int = 1_000_000
+    """SAC training budget of the expert (environment steps)"""
+    medium_return: float | None = None
+    """evaluation return at which the medium policy is taken (default: a third of D4RL's expert return)"""
+    eval_every: int = 10_000
+    """SAC steps between evaluations (and checkpoints) while looking for the medium policy"""
+    learning_starts: int = 5_000
+    """SAC's random steps before learning starts"""
+    medium_model: str | None = None
+    """an existing keelrl SAC model.pt to use as the medium policy instead of training"""
+    medium_buffer: str | None = None
+    """the buffer.pt of the run that medium_model comes from (for medium-replay)"""
+    expert_model: str | None = None
+    """an existing keelrl SAC model.pt to use as the expert instead of training"""
+    ref_episodes: int = 100
+    """episodes averaged for the random and expert reference returns"""
+    num_envs: int = 10
+    """parallel environments while collecting"""
+    seed: int = 1
+    """seed of SAC and of the collection envs"""
+    data_path: str | None = None
+    """Minari datasets root to write to (default: $MINARI_DATASETS_PATH, else ~/.minari/datasets)"""
+    work_dir: str | None = None
+    """where the SAC run and finished policies are kept (default: runs/make_datasets/{env_id})"""
+    version: int = 0
+    """dataset version: ids are keelrl/{env}-{kind}-v{version}"""
+    quiet: bool = False
+    """no progress bars"""
+
+
+def dataset_id(env_id: str, kind: str, version: int = 0) -> str:
+    return f"keelrl/{env_family(env_id)}-{kind}-v{version}"
+
+
+def collect(env_id: str, policy: Callable[[np.ndarray], np.ndarray], steps: int, num_envs: int, seed: int,
+            quiet: bool = True, desc: str = "collect") -> dict[str, np.ndarray]:
+    """`steps` transitions of `policy` in the D4RL layout, each env's episodes contiguous.
+
+    The last transition of each env's stream closes an episode cut by the end of collection: it is
+    marked a timeout unless it is terminal.
+    """
+    env = make_vec_env(env_id, num_envs=num_envs, seed=seed)
+    vector_steps = math.ceil(steps / num_envs)
+    columns: dict[str, list[np.ndarray]] = {key: [] for key in ("observations", "actions", "rewards",
+                                                                "next_observations", "terminals", "timeouts")}
+    obs, _ = env.reset()
+    bar = progress_bar(vector_steps * num_envs, 0, quiet)
+    bar.set_description(desc)
+    for _ in range(vector_steps):
+        actions = policy(obs)
+        next_obs, rewards, terminated, truncated, info = env.step(actions)
+        for key, value in zip(columns, (obs, actions, rewards, info["final_obs"], terminated, truncated & ~terminated)):
+            columns[key].append(np.asarray(value, dtype=np.float32))
+        obs = next_obs
+        bar.update(num_envs)
+    bar.close()
+    env.close()
+    # (T, N, ...) -> env-major (N * T, ...): each env's transitions in order
+    data = {key: np.stack(parts).swapaxes(0, 1).reshape(vector_steps * num_envs, *parts[0].shape[1:])
+            for key, parts in columns.items()}
+    stream_ends = np.arange(1, num_envs + 1) * vector_steps - 1
+    data["timeouts"][stream_ends] = 1.0 - data["terminals"][stream_ends]
+    data = {key: value[:steps] for key, value in data.items()}
+    data["timeouts"][-1] = 1.0 - data["terminals"][-1]
+    return data
+
+
+def uniform_policy(env_id: str, seed: int) -> Callable[[np.ndarray], np.ndarray]:
+    """Uniform random actions in the env's action box, for a batch of observations."""
+    env = make_vec_env(env_id, 1, seed)
+    low, high = env.single_action_space.low, env.single_action_space.high
+    env.close()
+    rng = np.random.default_rng(seed)
+
+    def policy(obs: np.ndarray) -> np.ndarray:
+        return rng.uniform(low, high, (len(obs), *low.shape)).astype(np.float32)
+
+    return policy
+
+
+def replay_buffer_dataset(buffer_path: str | Path) -> dict[str, np.ndarray]:
+    """The transitions of a single-env keelrl SAC run's buffer.pt, oldest first, in the D4RL layout."""
+    state = torch.load(buffer_path, map_location="cpu", weights_only=True)
+    if int(state["num_envs"]) != 1:
+        raise ValueError(f"{buffer_path} comes from a run with {int(state['num_envs'])} envs; medium-replay needs "
+                         f"one env, whose transitions follow each other.")
+    size, pos = len(state["rewards"]), int(state["pos"])
+    order = np.roll(np.arange(size), -pos) if size == int(state["capacity"]) else np.arange(size)
+
+    def column(name: str) -> np.ndarray:
+        return state[name].numpy()[order].astype(np.float32)
+
+    terminals = column("terminated")
+    data = {"observations": column("obs"), "actions": column("actions"), "rewards": column("rewards"),
+            "next_observations": column("next_obs"), "terminals": terminals,
+            "timeouts": column("truncated") * (1.0 - terminals)}
+    # an episode cut without a flag (the run stopped, or was resumed, mid-episode) is a time-limit end
+    cut = np.append(np.any(data["next_observations"][:-1] != data["observations"][1:], axis=1), True)
+    data["timeouts"] = np.maximum(data["timeouts"], cut * (1.0 - terminals)).astype(np.float32)
+    return data
+
+
+class DatasetMaker:
+    """The phases of the recipe, each skipped when its output already exists."""
+
+    def __init__(self, config: MakeDatasetsConfig):
+        self.config = config
+        self.data_path = Path(config.data_path) if config.data_path else default_data_path()
+        self.work = Path(config.work_dir or Path("runs") / "make_datasets" / config.env_id)
+        self.work.mkdir(parents=True, exist_ok=True)
+        family = env_family(config.env_id)
+        self.medium_return = config.medium_return
+        if self.medium_return is None:
+            if family not in D4RL_REF_SCORES:
+                raise ValueError(f"No D4RL expert return is known for {config.env_id}: give --medium-return.")
+            self.medium_return = D4RL_REF_SCORES[family][1] / 3
+
+    def log(self, message: str) -> None:
+        print(message, file=sys.stderr, flush=True)
+
+    # --- SAC: one run, grown in chunks; medium is taken on the way, expert at the end
+    def _sac_run(self) -> Path | None:
+        runs = sorted((self.work / "sac").glob(f"*__sac__{self.config.seed}__*"))
+        runs = [run for run in runs if (run / CHECKPOINT_FILE).is_file()]
+        return runs[-1] if runs else None
+
+    def _train_sac_to(self, total_steps: int) -> tuple[Path, float]:
+        """Run (or continue) the SAC run until `total_steps`; its run directory and final evaluation return."""
+        run_dir = self._sac_run()
+        if run_dir is None:
+            result = train_sac(SACConfig(
+                env_id=self.config.env_id, seed=self.config.seed, total_timesteps=total_steps,
+                learning_starts=self.config.learning_starts, eval_freq=0, checkpoint_freq=self.config.eval_every,
+                runs_dir=str(self.work / "sac"), quiet=self.config.quiet))
+        else:
+            saved = load_run_config(run_dir, "sac", SACConfig)
+            save_config(run_dir, "sac", dataclasses.replace(saved, total_timesteps=total_steps))
+            result = train_sac(SACConfig(resume=str(run_dir), quiet=self.config.quiet))
+        return result.run_dir, result.final_eval_return
+
+    def _sac_step(self) -> int:
+        run_dir = self._sac_run()
+        if run_dir is None:
+            return 0
+        return int(torch.load(run_dir / CHECKPOINT_FILE, map_location="cpu", weights_only=True)["global_step"])
+
+    def medium_files(self) -> tuple[Path, Path | None]:
+        if self.config.medium_model:
+            buffer = Path(self.config.medium_buffer) if self.config.medium_buffer else None
+            return Path(self.config.medium_model), buffer
+        model, buffer = self.work / "medium.pt", self.work / "medium_buffer.pt"
+        step = self._sac_step()
+        while not model.is_file():
+            step = min(self.config.sac_steps, (step // self.config.eval_every + 1) * self.config.eval_every)
+            run_dir, eval_return = self._train_sac_to(step)
+            self.log(f"SAC step {step}: evaluation return {eval_return:.1f} (medium at {self.medium_return:.1f})")
+            if eval_return >= self.medium_return or step >= self.config.sac_steps:
+                shutil.copy(run_dir / "buffer.pt", buffer)
+                shutil.copy(run_dir / "model.pt", model)
+        return model, buffer
+
+    def expert_file(self) -> Path:
+        if self.config.expert_model:
+            return Path(self.config.expert_model)
+        model = self.work / "expert.pt"
+        if not model.is_file():
+            self.medium_files()  # the expert continues the medium run
+            run_dir, eval_return = self._train_sac_to(self.config.sac_steps)
+            self.log(f"SAC step {self.config.sac_steps}: expert evaluation return {eval_return:.1f}")
+            shutil.copy(run_dir / "model.pt", model)
+        return model
+
+    def has_expert(self) -> bool:
+        return bool(self.config.expert_model) or "expert" in self.config.datasets \
+            or "medium-expert" in self.config.datasets
+
+    # --- reference scores and datasets
+    def reference_scores(self) -> tuple[float, float]:
+        path = self.work / "ref_scores.json"
+        if path.is_file():
+            refs = json.loads(path.read_text())
+            return refs["ref_min_score"], refs["ref_max_score"]
+        config = self.config
+        random_returns, _ = evaluate_policy(uniform_policy(config.env_id, config.seed), config.env_id,
+                                            config.ref_episodes, config.seed + 20_000)
+        ref_min = float(random_returns.mean())
+        if self.has_expert():
+            expert = SAC.load(self.expert_file())
+            expert_returns, _ = evaluate_policy(lambda obs: expert.act(obs, deterministic=True), config.env_id,
+                                                config.ref_episodes, config.seed + 30_000)
+            ref_max, source = float(expert_returns.mean()), "expert"
+        else:
+            family = env_family(config.env_id)
+            if family not in D4RL_REF_SCORES:
+                raise ValueError(f"No expert is made here and D4RL has no reference for {config.env_id}: add expert "
+                                 f"to --datasets or give --expert-model.")
+            ref_max, source = D4RL_REF_SCORES[family][1], "D4RL expert reference (no expert made here)"
+        path.write_text(json.dumps({"ref_min_score": ref_min, "ref_max_score": ref_max, "ref_max_source": source}))
+        self.log(f"reference returns: random {ref_min:.1f}, {source} {ref_max:.1f}")
+        return ref_min, ref_max
+
+    def policy_data(self, kind: str) -> dict[str, np.ndarray]:
+        config = self.config
+        if kind == "random":
+            policy = uniform_policy(config.env_id, config.seed)
+        else:  # actions sampled from the policy, as in D4RL
+            policy = SAC.load(self.medium_files()[0] if kind == "medium" else self.expert_file()).act
+        return collect(config.env_id, policy, config.steps, config.num_envs, config.seed + 1000 * len(kind),
+                       config.quiet, desc=kind)
+
+    def data_for(self, kind: str) -> dict[str, np.ndarray]:
+        if kind == "medium-replay":
+            buffer = self.medium_files()[1]
+            if buffer is None:
+                raise ValueError("medium-replay needs the medium run's replay buffer: give --medium-buffer with "
+                                 "--medium-model.")
+            return replay_buffer_dataset(buffer)
+        if kind == "medium-expert":
+            parts = [load_dataset(self.make(part), self.data_path) for part in ("medium", "expert")]
+            return {key: np.concatenate([part[key] for part in parts]) for key in parts[0]}
+        return self.policy_data(kind)
+
+    def make(self, kind: str) -> str:
+        """Write dataset `kind` unless it exists; its id."""
+        identifier = dataset_id(self.config.env_id, kind, self.config.version)
+        if (self.data_path / identifier / "data" / "metadata.json").is_file():
+            self.log(f"{identifier}: exists in {self.data_path}, kept")
+            return identifier
+        data = self.data_for(kind)
+        ref_min, ref_max = self.reference_scores()
+        write_minari_dataset(identifier, data, self.config.env_id, self.data_path, ref_min, ref_max,
+                             description=f"D4RL-style {kind} dataset of {self.config.env_id} made by keelrl's SAC "
+                                         f"(keelrl.benchmarks.make_datasets)", algorithm_name=f"keelrl SAC ({kind})")
+        returns = episode_returns(data)
+        self.log(f"{identifier}: {len(data['rewards'])} transitions, {len(returns)} episodes, mean return "
+                 f"{returns.mean():.1f} (normalised {normalized_score(returns.mean(), ref_min, ref_max):.1f}) "
+                 f"-> {self.data_path / identifier}")
+        return identifier
+
+
+def validate(config: MakeDatasetsConfig) -> None:
+    for name in ("steps", "sac_steps", "eval_every", "ref_episodes", "num_envs"):
+        if getattr(config, name) < 1:
+            raise ValueError(f"--{name.replace('_', '-')} must be positive, got {getattr(config, name)}.")
+    unknown = set(config.datasets) - set(ALL_KINDS)
+    if unknown:
+        raise ValueError(f"Unknown dataset kind(s) {sorted(unknown)}: choose from {', '.join(ALL_KINDS)}.")
+    if config.medium_buffer and not config.medium_model:
+        raise ValueError("--medium-buffer belongs to --medium-model: give both.")
+
+
+def make_datasets(config: MakeDatasetsConfig) -> list[str]:
+    """Make the configured datasets; their Minari ids."""
+    validate(config)
+    maker = DatasetMaker(config)
+    return [maker.make(kind) for kind in config.datasets]
+
+
+def main(args: list[str] | None = None) -> int:
+    import tyro
+
+    config = tyro.cli(MakeDatasetsConfig, args=args)
+    try:
+        for identifier in make_datasets(config):
+            print(identifier)
+    except (ValueError, FileNotFoundError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

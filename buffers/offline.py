@@ -1,0 +1,344 @@
+"""Offline datasets in the D4RL layout: load Minari datasets or D4RL-style files, write Minari datasets,
+sample batches like the replay buffer, and normalise scores.
+
+The D4RL layout is a dict of float32 arrays with N rows:
+`observations (N, obs_dim), actions (N, action_dim), rewards (N,), next_observations (N, obs_dim),
+terminals (N,), timeouts (N,)`. `terminals` marks true episode ends (no bootstrap); `timeouts` marks
+the last transition of an episode cut by a time limit (or by the end of collection).
+
+Time limits: D4RL's `qlearning_dataset` drops the last transition of every time-limit episode, because
+D4RL files did not store the true final observation. Minari episodes keep it (`observations` has one
+more row than `actions`), so keelrl keeps those transitions by default (`drop_timeout_transitions=False`),
+as it bootstraps through time limits everywhere; pass `True` to reproduce D4RL's `qlearning_dataset`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import re
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+
+import gymnasium as gym
+import numpy as np
+import torch
+
+from keelrl.buffers.replay import Batch
+
+D4RL_KEYS = ("observations", "actions", "rewards", "next_observations", "terminals", "timeouts")
+# D4RL's reference returns (random policy, expert policy), used when a dataset's metadata has none
+D4RL_REF_SCORES = {
+    "hopper": (-20.272305, 3234.3),
+    "halfcheetah": (-280.178953, 12135.0),
+    "walker2d": (1.629008, 4592.3),
+}
+MAKE_DATASETS = "python -m keelrl.benchmarks.make_datasets"
+
+
+@dataclasses.dataclass
+class DatasetInfo:
+    """Where a dataset came from and what its scores are measured against."""
+
+    source: str
+    """the Minari id or file path it was loaded from"""
+    env_id: str | None
+    """the environment it was collected in (None for a D4RL-style file, which does not record it)"""
+    ref_min_score: float | None
+    """return of a random policy (0 on the normalised scale)"""
+    ref_max_score: float | None
+    """return of an expert policy (100 on the normalised scale)"""
+
+
+def env_family(env_id: str) -> str:
+    """'Hopper-v5' -> 'hopper', 'HalfCheetah-v4' -> 'halfcheetah' (the name D4RL datasets use)."""
+    return re.sub(r"-v\d+$", "", env_id.split("/")[-1]).lower()
+
+
+def default_data_path() -> Path:
+    """Minari's datasets root: $MINARI_DATASETS_PATH, else ~/.minari/datasets."""
+    return Path(os.environ.get("MINARI_DATASETS_PATH", Path.home() / ".minari" / "datasets"))
+
+
+@contextlib.contextmanager
+def minari_root(data_path: str | os.PathLike | None) -> Iterator[Path]:
+    """Point Minari at `data_path` (Minari reads MINARI_DATASETS_PATH at each call) for the duration."""
+    previous = os.environ.get("MINARI_DATASETS_PATH")
+    if data_path is not None:
+        os.environ["MINARI_DATASETS_PATH"] = str(data_path)
+    try:
+        yield default_data_path()
+    finally:
+        if previous is None:
+            os.environ.pop("MINARI_DATASETS_PATH", None)
+        else:
+            os.environ["MINARI_DATASETS_PATH"] = previous
+
+
+def _import_minari():
+    try:
+        import minari
+    except ImportError:
+        raise ImportError('Minari datasets need the offline extra: pip install "keelrl[offline]"') from None
+    return minari
+
+
+def load_dataset(
+    source: str | os.PathLike, data_path: str | os.PathLike | None = None, drop_timeout_transitions: bool = False
+) -> dict[str, np.ndarray]:
+    """The dataset in the D4RL layout, from a Minari id, a Minari dataset directory, or a .hdf5/.npz file.
+
+    `data_path` is the Minari datasets root to look ids up in (default $MINARI_DATASETS_PATH or
+    ~/.minari/datasets). See the module docstring for `drop_timeout_transitions`.
+    """
+    return load_dataset_with_info(source, data_path, drop_timeout_transitions)[0]
+
+
+def load_dataset_with_info(
+    source: str | os.PathLike, data_path: str | os.PathLike | None = None, drop_timeout_transitions: bool = False
+) -> tuple[dict[str, np.ndarray], DatasetInfo]:
+    """`load_dataset` plus the dataset's environment and reference scores."""
+    path = Path(source)
+    if path.suffix in (".hdf5", ".h5", ".npz"):
+        data, info = _read_d4rl_file(path), DatasetInfo(str(path), None, None, None)
+    else:
+        data, info = _read_minari(_minari_data_dir(str(source), data_path), str(source))
+    data = validate_d4rl(data, str(source))
+    if drop_timeout_transitions:
+        keep = data["timeouts"] == 0
+        data = {key: value[keep] for key, value in data.items()}
+    return data, info
+
+
+def _minari_data_dir(source: str, data_path: str | os.PathLike | None) -> Path:
+    """The `data` directory of a Minari dataset given by id or by directory."""
+    path = Path(source)
+    for candidate in (path / "data", path):
+        if (candidate / "metadata.json").is_file():
+            return candidate
+    root = Path(data_path) if data_path is not None else default_data_path()
+    data_dir = root / source / "data"
+    if not (data_dir / "metadata.json").is_file():
+        raise FileNotFoundError(f"No dataset {source!r}: looked for a Minari dataset in {root / source} "
+                                f"(set --data-path or MINARI_DATASETS_PATH to look elsewhere). "
+                                f"{_how_to_make(source)}")
+    return data_dir
+
+
+def _how_to_make(dataset_id: str) -> str:
+    match = re.fullmatch(r"keelrl/([a-z0-9]+)-([a-z-]+)-v\d+", dataset_id)
+    if match is None:
+        return (f"Make keelrl's D4RL-style datasets with: {MAKE_DATASETS} --env-id Hopper-v5 "
+                f"(ids keelrl/hopper-medium-v0 and so on), or pass a .hdf5/.npz file in the D4RL layout.")
+    family, kind = match.groups()
+    env_id = {"hopper": "Hopper-v5", "halfcheetah": "HalfCheetah-v5", "walker2d": "Walker2d-v5"}.get(family, "ENV_ID")
+    return f"Create it with: {MAKE_DATASETS} --env-id {env_id} --datasets {kind}"
+
+
+def _read_minari(data_dir: Path, source: str) -> tuple[dict[str, np.ndarray], DatasetInfo]:
+    minari = _import_minari()
+    dataset = minari.MinariDataset(data_dir)
+    if not isinstance(dataset.observation_space, gym.spaces.Box):
+        raise ValueError(f"Dataset {source!r} has {dataset.observation_space} observations; the D4RL layout "
+                         f"needs flat Box observations.")
+    columns: dict[str, list[np.ndarray]] = {key: [] for key in D4RL_KEYS}
+    for episode in dataset.iterate_episodes():
+        observations = np.asarray(episode.observations)  # (T + 1, obs_dim): the final observation included
+        terminals = np.asarray(episode.terminations, dtype=bool)
+        timeouts = np.asarray(episode.truncations, dtype=bool)
+        # an episode that ends neither way was cut by the end of collection: a time limit, not a terminal
+        timeouts[-1] |= not terminals[-1]
+        columns["observations"].append(observations[:-1])
+        columns["next_observations"].append(observations[1:])
+        columns["actions"].append(np.asarray(episode.actions).reshape(len(episode), -1))
+        columns["rewards"].append(np.asarray(episode.rewards))
+        columns["terminals"].append(terminals)
+        columns["timeouts"].append(timeouts & ~terminals)
+    if not columns["rewards"]:
+        raise ValueError(f"Dataset {source!r} has no episodes.")
+    data = {key: np.concatenate(parts).astype(np.float32) for key, parts in columns.items()}
+    metadata = dataset.storage.metadata
+    env_spec = dataset.env_spec
+    info = DatasetInfo(source, None if env_spec is None else env_spec.id,
+                       metadata.get("ref_min_score"), metadata.get("ref_max_score"))
+    return data, info
+
+
+def _read_d4rl_file(path: Path) -> dict[str, np.ndarray]:
+    """A D4RL-style .hdf5 or .npz; without `next_observations`, it is D4RL's raw format (see below)."""
+    if not path.is_file():
+        raise FileNotFoundError(f"No dataset file at {path}.")
+    if path.suffix == ".npz":
+        with np.load(path) as file:
+            data = {key: file[key] for key in file.files}
+    else:
+        import h5py
+
+        with h5py.File(path, "r") as file:
+            data = {key: file[key][()] for key in file.keys() if isinstance(file[key], h5py.Dataset)}
+    missing = [key for key in D4RL_KEYS if key not in data and key != "next_observations"]
+    if missing:
+        raise ValueError(f"{path} is not in the D4RL layout: it has no {', '.join(missing)} "
+                         f"(found {', '.join(sorted(data)) or 'nothing'}).")
+    if "next_observations" not in data:
+        data = _next_from_following(data)
+    return {key: data[key] for key in D4RL_KEYS}
+
+
+def _next_from_following(data: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """D4RL's raw files store no next observation: take the following row's, and drop the rows where
+    that is the next episode's first observation (time-limit ends and the very last row), as
+    `qlearning_dataset` does."""
+    observations = data["observations"]
+    keep = np.asarray(data["timeouts"], bool)[:-1] == 0  # (N - 1,)
+    rows = np.flatnonzero(keep)
+    out = {key: np.asarray(data[key])[rows] for key in ("observations", "actions", "rewards", "terminals", "timeouts")}
+    out["next_observations"] = observations[rows + 1]
+    return out
+
+
+def validate_d4rl(data: dict[str, np.ndarray], source: str = "dataset") -> dict[str, np.ndarray]:
+    """The arrays as float32 with flat shapes, or a ValueError naming the offending field."""
+    missing = [key for key in D4RL_KEYS if key not in data]
+    if missing:
+        raise ValueError(f"{source}: missing field(s) {', '.join(missing)} "
+                         f"(the D4RL layout needs {', '.join(D4RL_KEYS)}).")
+    out = {}
+    for key in D4RL_KEYS:
+        value = np.asarray(data[key], dtype=np.float32)
+        if key in ("rewards", "terminals", "timeouts"):
+            value = value.reshape(len(value), -1)
+            if value.shape[1] != 1:
+                raise ValueError(f"{source}: field {key!r} must have one value per transition, "
+                                 f"got shape {data[key].shape}.")
+            value = value[:, 0]
+        elif value.ndim != 2:
+            raise ValueError(f"{source}: field {key!r} must be 2-D (transitions, features), got shape {value.shape}.")
+        if not np.isfinite(value).all():
+            row = int(np.flatnonzero(~np.isfinite(value.reshape(len(value), -1)).all(axis=1))[0])
+            raise ValueError(f"{source}: field {key!r} has NaN or infinite values (first at row {row}).")
+        out[key] = value
+    lengths = {key: len(value) for key, value in out.items()}
+    if len(set(lengths.values())) != 1:
+        raise ValueError(f"{source}: fields have different lengths: {lengths}.")
+    if out["observations"].shape != out["next_observations"].shape:
+        raise ValueError(f"{source}: field 'next_observations' has shape {out['next_observations'].shape}, "
+                         f"but 'observations' has {out['observations'].shape}.")
+    if len(out["rewards"]) == 0:
+        raise ValueError(f"{source}: the dataset is empty.")
+    return out
+
+
+def check_env_matches(data: dict[str, np.ndarray], env_id: str, env_spaces) -> None:
+    """Refuse to evaluate on an environment whose spaces differ from the dataset's."""
+    observation_space, action_space = env_spaces
+    if observation_space.shape != data["observations"].shape[1:] or action_space.shape != data["actions"].shape[1:]:
+        raise ValueError(f"The dataset has observations {data['observations'].shape[1:]} and actions "
+                         f"{data['actions'].shape[1:]}, but {env_id} has {observation_space.shape} and "
+                         f"{action_space.shape}: evaluate in the environment the data came from (--env-id).")
+
+
+def reference_scores(info: DatasetInfo, env_id: str | None = None) -> tuple[float, float] | None:
+    """(random, expert) returns: the dataset's own when its metadata has them, else D4RL's for its env family."""
+    if info.ref_min_score is not None and info.ref_max_score is not None:
+        return float(info.ref_min_score), float(info.ref_max_score)
+    env_id = env_id or info.env_id
+    return None if env_id is None else D4RL_REF_SCORES.get(env_family(env_id))
+
+
+def normalized_score(returns, ref_min_score: float, ref_max_score: float) -> np.ndarray:
+    """D4RL's normalised score: 100 (R − random) / (expert − random)."""
+    return 100.0 * (np.asarray(returns, dtype=np.float64) - ref_min_score) / (ref_max_score - ref_min_score)
+
+
+def episode_returns(data: dict[str, np.ndarray]) -> np.ndarray:
+    """Undiscounted return of each episode (episodes end at terminals, timeouts and the last row)."""
+    ends = np.flatnonzero((data["terminals"] > 0) | (data["timeouts"] > 0))
+    if len(ends) == 0 or ends[-1] != len(data["rewards"]) - 1:
+        ends = np.append(ends, len(data["rewards"]) - 1)
+    cumulative = np.concatenate([[0.0], np.cumsum(data["rewards"], dtype=np.float64)])
+    return cumulative[ends + 1] - cumulative[np.concatenate([[0], ends[:-1] + 1])]
+
+
+def write_minari_dataset(
+    dataset_id: str,
+    data: dict[str, np.ndarray],
+    env_id: str,
+    data_path: str | os.PathLike | None = None,
+    ref_min_score: float | None = None,
+    ref_max_score: float | None = None,
+    description: str | None = None,
+    algorithm_name: str | None = None,
+) -> Path:
+    """Write D4RL-layout transitions as a Minari dataset (HDF5) and return its directory.
+
+    Rows must be contiguous episodes: within an episode, `next_observations[t] == observations[t + 1]`.
+    An episode ends at a terminal or a timeout; the last row closes the last episode.
+    """
+    minari = _import_minari()
+    from minari.data_collector import EpisodeBuffer
+
+    data = validate_d4rl(data, dataset_id)
+    ends = np.flatnonzero((data["terminals"] > 0) | (data["timeouts"] > 0)) + 1
+    if len(ends) == 0 or ends[-1] != len(data["rewards"]):
+        ends = np.append(ends, len(data["rewards"]))
+    episodes, start = [], 0
+    for episode_id, end in enumerate(ends):
+        rows = slice(start, end)
+        if not np.array_equal(data["next_observations"][start:end - 1], data["observations"][start + 1:end]):
+            raise ValueError(f"{dataset_id}: rows {start}..{end - 1} are not one contiguous episode "
+                             f"(next_observations[t] != observations[t + 1]); write episodes in order.")
+        terminated = data["terminals"][rows] > 0
+        episodes.append(EpisodeBuffer(
+            id=episode_id,
+            observations=np.concatenate([data["observations"][rows], data["next_observations"][end - 1:end]]),
+            actions=data["actions"][rows],
+            rewards=data["rewards"][rows],
+            terminations=terminated,
+            truncations=~terminated & (np.arange(start, end) == end - 1),
+            infos={},
+        ))
+        start = end
+    with minari_root(data_path) as root, warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*(author|code_permalink|author_email).*")
+        minari.create_dataset_from_buffers(
+            dataset_id, episodes, env=env_id, eval_env=env_id, algorithm_name=algorithm_name or "unknown",
+            author="keelrl", ref_min_score=ref_min_score, ref_max_score=ref_max_score,
+            description=description or f"D4RL-layout dataset of {env_id} written by keelrl",
+            data_format="hdf5",
+        )
+        return root / dataset_id
+
+
+class DatasetBuffer:
+    """A fixed dataset on `device`, sampled uniformly like `ReplayBuffer.sample` (same `Batch`)."""
+
+    def __init__(self, data: dict[str, np.ndarray], gamma: float = 0.99, device: str | torch.device = "cpu",
+                 seed: int = 0):
+        data = validate_d4rl(data)
+        self.device = torch.device(device)
+
+        def tensor(key: str) -> torch.Tensor:
+            return torch.as_tensor(data[key], device=self.device)
+
+        self.obs, self.actions, self.rewards = tensor("observations"), tensor("actions"), tensor("rewards")
+        self.next_obs, self.terminated = tensor("next_observations"), tensor("terminals")
+        self.size = len(self.rewards)
+        self.gamma = gamma
+        self.generator = torch.Generator(device=self.device)
+        self.generator.manual_seed(seed)
+        self._discounts: dict[int, torch.Tensor] = {}
+
+    def __len__(self) -> int:
+        return self.size
+
+    def sample(self, batch_size: int) -> Batch:
+        """`batch_size` transitions uniformly with replacement; `discounts` is gamma (1-step targets)."""
+        idx = torch.randint(0, self.size, (batch_size,), device=self.device, generator=self.generator)
+        if batch_size not in self._discounts:
+            self._discounts[batch_size] = torch.full((batch_size,), self.gamma, device=self.device)
+        return Batch(obs=self.obs[idx], actions=self.actions[idx], rewards=self.rewards[idx],
+                     next_obs=self.next_obs[idx], terminated=self.terminated[idx],
+                     discounts=self._discounts[batch_size])

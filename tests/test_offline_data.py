@@ -1,0 +1,186 @@
+"""Offline datasets: D4RL layout round trips through Minari, timeouts vs terminals, normalised scores,
+the dataset buffer, make_datasets at a tiny scale, and clear errors for bad input."""
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+
+from keelrl.benchmarks.make_datasets import collect, main, replay_buffer_dataset
+from keelrl.buffers import ReplayBuffer
+from keelrl.buffers.offline import (
+    D4RL_KEYS,
+    DatasetBuffer,
+    DatasetInfo,
+    check_env_matches,
+    episode_returns,
+    load_dataset,
+    load_dataset_with_info,
+    normalized_score,
+    reference_scores,
+    write_minari_dataset,
+)
+
+
+def random_policy(obs):
+    return np.random.default_rng(len(obs)).uniform(-1, 1, (len(obs), 1)).astype(np.float32)
+
+
+@pytest.fixture
+def pendulum_data():
+    """300 InvertedPendulum transitions from 3 envs: short terminal episodes, cut streams marked as timeouts."""
+    return collect("InvertedPendulum-v5", random_policy, 300, num_envs=3, seed=0)
+
+
+def test_collect_layout_episodes_are_contiguous(pendulum_data):
+    data = pendulum_data
+    assert set(data) == set(D4RL_KEYS) and all(v.dtype == np.float32 for v in data.values())
+    assert data["observations"].shape == (300, 4) and data["actions"].shape == (300, 1)
+    ends = (data["terminals"] > 0) | (data["timeouts"] > 0)
+    assert not np.any((data["terminals"] > 0) & (data["timeouts"] > 0))
+    inside = ~ends[:-1]
+    assert np.array_equal(data["next_observations"][:-1][inside], data["observations"][1:][inside])
+    assert data["timeouts"][[99, 199, 299]].sum() + data["terminals"][[99, 199, 299]].sum() == 3  # each stream closes
+
+
+def test_keelrl_writer_round_trip(tmp_path, pendulum_data):
+    path = write_minari_dataset("keelrl/pendulum-test-v0", pendulum_data, "InvertedPendulum-v5", tmp_path,
+                                ref_min_score=1.0, ref_max_score=11.0)
+    for source in ("keelrl/pendulum-test-v0", path):
+        data, info = load_dataset_with_info(source, data_path=tmp_path)
+        for key in D4RL_KEYS:
+            np.testing.assert_array_equal(data[key], pendulum_data[key], err_msg=key)
+        assert info.env_id == "InvertedPendulum-v5" and (info.ref_min_score, info.ref_max_score) == (1.0, 11.0)
+    assert reference_scores(info) == (1.0, 11.0)
+    assert normalized_score(6.0, *reference_scores(info)) == pytest.approx(50.0)
+
+
+def hand_made_episodes(num_episodes=4, max_steps=25):
+    """Pendulum-v1 stepped by hand with a 25-step limit (every episode ends by truncation), as Minari buffers."""
+    from minari.data_collector import EpisodeBuffer
+
+    env = gym.make("Pendulum-v1", max_episode_steps=max_steps)
+    rng = np.random.default_rng(0)
+    episodes, expected = [], {key: [] for key in D4RL_KEYS}
+    for i in range(num_episodes):
+        obs, _ = env.reset(seed=i)
+        observations, actions, rewards, terms, truncs = [obs], [], [], [], []
+        done = False
+        while not done:
+            action = rng.uniform(-2, 2, (1,)).astype(np.float32)
+            obs, reward, terminated, truncated, _ = env.step(action)
+            observations.append(obs), actions.append(action), rewards.append(reward)
+            terms.append(terminated), truncs.append(truncated)
+            done = terminated or truncated
+        episodes.append(EpisodeBuffer(id=i, observations=np.array(observations), actions=np.array(actions),
+                                      rewards=np.array(rewards), terminations=np.array(terms),
+                                      truncations=np.array(truncs), infos={}))
+        observations = np.array(observations, dtype=np.float32)
+        expected["observations"].append(observations[:-1])
+        expected["next_observations"].append(observations[1:])
+        expected["actions"].append(np.array(actions))
+        expected["rewards"].append(np.array(rewards))
+        expected["terminals"].append(np.array(terms))
+        expected["timeouts"].append(np.array(truncs))
+    return episodes, {key: np.concatenate(parts).astype(np.float32) for key, parts in expected.items()}
+
+
+def test_dataset_written_by_minari_api_loads_and_timeouts_are_handled(tmp_path, monkeypatch):
+    import minari
+
+    monkeypatch.setenv("MINARI_DATASETS_PATH", str(tmp_path))
+    episodes, expected = hand_made_episodes()
+    minari.create_dataset_from_buffers("test/pendulum-v0", episodes, env="Pendulum-v1", algorithm_name="random",
+                                       author="test", author_email="t@example.com", code_permalink="none",
+                                       eval_env="Pendulum-v1", description="hand-made", ref_min_score=-1500.0,
+                                       ref_max_score=-150.0)
+    data = load_dataset("test/pendulum-v0")  # found through MINARI_DATASETS_PATH
+    for key in D4RL_KEYS:
+        np.testing.assert_allclose(data[key], expected[key], rtol=1e-6, err_msg=key)
+    # every episode ends by the time limit: 4 timeouts, no terminal, and the final observation is kept
+    assert data["timeouts"].sum() == 4 and data["terminals"].sum() == 0 and len(data["rewards"]) == 100
+    dropped = load_dataset("test/pendulum-v0", drop_timeout_transitions=True)  # D4RL's qlearning_dataset
+    assert len(dropped["rewards"]) == 96 and dropped["timeouts"].sum() == 0
+    np.testing.assert_array_equal(dropped["observations"], data["observations"][data["timeouts"] == 0])
+    np.testing.assert_allclose(episode_returns(data), expected["rewards"].reshape(4, 25).sum(1), rtol=1e-5)
+
+
+def test_d4rl_raw_file_without_next_observations(tmp_path):
+    """D4RL's own files: next observation = following row, time-limit ends dropped as qlearning_dataset does."""
+    obs = np.arange(12, dtype=np.float32).reshape(6, 2)
+    raw = dict(observations=obs, actions=np.zeros((6, 1)), rewards=np.arange(6.0),
+               terminals=np.array([0, 1, 0, 0, 0, 0]), timeouts=np.array([0, 0, 0, 1, 0, 0]))
+    np.savez(tmp_path / "raw.npz", **raw)
+    data = load_dataset(tmp_path / "raw.npz")
+    np.testing.assert_array_equal(data["rewards"], [0, 1, 2, 4])  # row 3 (timeout) and the last row go
+    np.testing.assert_array_equal(data["next_observations"], obs[[1, 2, 3, 5]])
+
+
+def test_normalised_score_formula_and_d4rl_fallback():
+    info = DatasetInfo("file.npz", None, None, None)
+    assert reference_scores(info) is None
+    refs = reference_scores(info, "Hopper-v5")
+    assert refs == (-20.272305, 3234.3)
+    np.testing.assert_allclose(normalized_score([-20.272305, 3234.3, (3234.3 - 20.272305) / 2], *refs), [0, 100, 50])
+    assert reference_scores(DatasetInfo("x", "Walker2d-v4", None, None)) == (1.629008, 4592.3)
+
+
+def test_dataset_buffer_samples_like_the_replay_buffer(pendulum_data):
+    buffer = DatasetBuffer(pendulum_data, gamma=0.9, seed=3)
+    batch = buffer.sample(64)
+    assert batch.obs.shape == (64, 4) and batch.actions.shape == (64, 1) and batch.rewards.shape == (64,)
+    assert torch.all(batch.discounts == 0.9) and set(batch.terminated.unique().tolist()) <= {0.0, 1.0}
+    again = DatasetBuffer(pendulum_data, gamma=0.9, seed=3).sample(64)
+    assert torch.equal(batch.obs, again.obs)
+    # every sampled row is a stored transition
+    rows = {tuple(row) for row in np.concatenate([pendulum_data["observations"], pendulum_data["actions"]], 1)}
+    assert all(tuple(row) in rows for row in torch.cat([batch.obs, batch.actions], 1).numpy())
+
+
+def test_replay_buffer_becomes_medium_replay(tmp_path):
+    """A SAC buffer with an episode cut by a resume: the cut is marked a timeout, terminals kept."""
+    buffer = ReplayBuffer(100, (1,), (1,))
+    obs = np.arange(11, dtype=np.float32)
+    for t in range(10):
+        next_obs = obs[t + 1] if t != 4 else 99.0  # the episode in progress at step 4 was abandoned
+        buffer.add(obs[t:t + 1, None], [[0.0]], [1.0], [[next_obs]], [t == 7], [False])
+    buffer.save(tmp_path / "buffer.pt")
+    data = replay_buffer_dataset(tmp_path / "buffer.pt")
+    np.testing.assert_array_equal(np.flatnonzero(data["terminals"]), [7])
+    np.testing.assert_array_equal(np.flatnonzero(data["timeouts"]), [4, 9])
+
+
+def test_bad_input_gives_clear_errors(tmp_path, pendulum_data):
+    with pytest.raises(FileNotFoundError, match=r"(?s)keelrl/hopper-medium-v0.*make_datasets --env-id Hopper-v5"):
+        load_dataset("keelrl/hopper-medium-v0", data_path=tmp_path)
+    np.savez(tmp_path / "missing.npz", observations=np.zeros((3, 2)), actions=np.zeros((3, 1)))
+    with pytest.raises(ValueError, match="rewards, terminals, timeouts"):
+        load_dataset(tmp_path / "missing.npz")
+    bad = {**pendulum_data, "rewards": pendulum_data["rewards"].copy()}
+    bad["rewards"][7] = np.nan
+    np.savez(tmp_path / "nan.npz", **bad)
+    with pytest.raises(ValueError, match=r"'rewards' has NaN.*row 7"):
+        load_dataset(tmp_path / "nan.npz")
+    np.savez(tmp_path / "short.npz", **{**pendulum_data, "actions": pendulum_data["actions"][:-1]})
+    with pytest.raises(ValueError, match="different lengths"):
+        load_dataset(tmp_path / "short.npz")
+    hopper = gym.make("Hopper-v5")
+    with pytest.raises(ValueError, match="Hopper-v5 has \\(11,\\)"):
+        check_env_matches(pendulum_data, "Hopper-v5", (hopper.observation_space, hopper.action_space))
+
+
+def test_make_datasets_tiny_scale(tmp_path, capsys):
+    """The whole recipe at a tiny scale: SAC trained in chunks, five datasets written and loadable, rerun resumes."""
+    args = ["--env-id", "InvertedPendulum-v5", "--steps", "200", "--sac-steps", "300", "--eval-every", "150",
+            "--learning-starts", "100", "--medium-return", "1e9", "--ref-episodes", "3", "--num-envs", "2",
+            "--data-path", str(tmp_path / "data"), "--work-dir", str(tmp_path / "work"), "--quiet"]
+    assert main(args) == 0
+    ids = capsys.readouterr().out.split()[-5:]
+    assert ids == [f"keelrl/invertedpendulum-{kind}-v0" for kind in
+                   ("random", "medium", "medium-replay", "expert", "medium-expert")]
+    sizes = {i: len(load_dataset(i, data_path=tmp_path / "data")["rewards"]) for i in ids}
+    assert sizes[ids[0]] == sizes[ids[1]] == sizes[ids[3]] == 200 and sizes[ids[4]] == 400
+    assert sizes[ids[2]] == 300  # the replay buffer of the medium run (stopped at the budget)
+    info = load_dataset_with_info(ids[1], data_path=tmp_path / "data")[1]
+    assert info.ref_min_score is not None and info.ref_max_score is not None
+    assert main(args) == 0 and "exists" in capsys.readouterr().err  # a rerun keeps what exists
