@@ -25,7 +25,6 @@ from keelrl.agents.common import (
     DEFAULT_THREADS,
     RunLogger,
     TrainResult,
-    evaluate_policy,
     new_run_dir,
     progress_bar,
     restore_rng_state,
@@ -36,7 +35,7 @@ from keelrl.agents.common import (
     set_threads,
     start_or_resume,
 )
-from keelrl.agents.off_policy import OffPolicyAgent
+from keelrl.agents.off_policy import OffPolicyAgent, evaluate
 from keelrl.buffers import Batch
 from keelrl.buffers.corruption import corrupt_dataset
 from keelrl.buffers.offline import (
@@ -150,7 +149,8 @@ class OfflineAgent(nn.Module):
         self.optimizers: dict[str, torch.optim.Optimizer] = {}
         self.num_updates = 0
 
-    # checkpoints and optimiser steps work as for the online agents
+    # acting on numpy, checkpoints and optimiser steps work as for the online agents
+    act = OffPolicyAgent.act
     save = OffPolicyAgent.save
     load = OffPolicyAgent.__dict__["load"]
     training_state = OffPolicyAgent.training_state
@@ -188,12 +188,6 @@ class OfflineAgent(nn.Module):
         with torch.no_grad():
             torch._foreach_lerp_(target, online, self.config.tau)
 
-    @torch.inference_mode()
-    def act(self, obs: np.ndarray, deterministic: bool = False) -> np.ndarray:
-        """Actions for a batch of raw observations (B, obs_dim) -> (B, action_dim)."""
-        obs_t = self.obs_norm(torch.as_tensor(obs, dtype=torch.float32, device=self.action_low.device))
-        return self.policy(obs_t, deterministic).cpu().numpy()
-
     def update(self, batch: Batch) -> dict[str, torch.Tensor]:
         if self.config.normalize_obs:
             batch = batch._replace(obs=self.obs_norm(batch.obs), next_obs=self.obs_norm(batch.next_obs))
@@ -208,11 +202,6 @@ class OfflineAgent(nn.Module):
     def attack_policy(self, obs: torch.Tensor) -> torch.Tensor:
         """Deterministic actions of raw observations, differentiable in them."""
         return self.policy(self.obs_norm(obs), deterministic=True)
-
-
-def evaluate(agent: OfflineAgent, env_id: str, episodes: int = 10, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
-    """Returns and costs of `episodes` episodes of the agent's deterministic policy."""
-    return evaluate_policy(lambda obs: agent.act(obs, deterministic=True), env_id, episodes, seed)
 
 
 def cosine_factor(step: int, total: int) -> float:
