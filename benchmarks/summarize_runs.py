@@ -2,9 +2,10 @@
 
     python -m keelrl.benchmarks.summarize_runs --keelrl runs/Hopper-v5__sac__* --cleanrl ../cleanrl/runs/Hopper-v5__*
 
-For each run: the final evaluation return (keelrl's eval.csv; CleanRL does not evaluate) and the
-mean return of the last `--last-episodes` training episodes (keelrl's episodes.csv; CleanRL's
-`charts/episodic_return` TensorBoard scalar), then mean ± std over the runs of each group.
+For each run: the final evaluation return and episode cost (keelrl's eval.csv, cost 0 on a task
+without one; CleanRL does not evaluate), and the mean return of the last
+`--last-episodes` training episodes (keelrl's episodes.csv; CleanRL's `charts/episodic_return`
+TensorBoard scalar), then mean ± std over the runs of each group.
 """
 
 from __future__ import annotations
@@ -33,6 +34,8 @@ class RunSummary:
     final_eval: float
     last_train: float
     last_step: int
+    final_cost: float = float("nan")
+    """mean episode cost of the final evaluation (0 on a task without cost; NaN for CleanRL)"""
 
 
 def summarize_keelrl(run_dir: Path, last_episodes: int) -> RunSummary:
@@ -41,8 +44,9 @@ def summarize_keelrl(run_dir: Path, last_episodes: int) -> RunSummary:
     with (run_dir / "episodes.csv").open() as f:
         episodes = list(csv.DictReader(f))
     last = [float(row["return"]) for row in episodes[-last_episodes:]]
-    return RunSummary(run_dir.name, float(evals[-1]["mean_return"]), float(np.mean(last)),
-                      int(evals[-1]["global_step"]))
+    final = evals[-1]
+    return RunSummary(run_dir.name, float(final["mean_return"]), float(np.mean(last)),
+                      int(final["global_step"]), float(final["mean_cost"]))
 
 
 def summarize_cleanrl(run_dir: Path, last_episodes: int) -> RunSummary:
@@ -56,14 +60,19 @@ def summarize_cleanrl(run_dir: Path, last_episodes: int) -> RunSummary:
 
 
 def table(title: str, runs: list[RunSummary]) -> str:
-    lines = [f"**{title}**", "", "| run | last step | final eval return | last training episodes |", "|---|---|---|---|"]
+    lines = [f"**{title}**", "",
+             "| run | last step | final eval return | final eval cost | last training episodes |",
+             "|---|---|---|---|---|"]
     for run in runs:
-        lines.append(f"| {run.name} | {run.last_step} | {run.final_eval:.1f} | {run.last_train:.1f} |")
-    evals = np.array([r.final_eval for r in runs])
-    trains = np.array([r.last_train for r in runs])
-    lines.append(f"| mean ± std ({len(runs)} runs) | | {evals.mean():.1f} ± {evals.std():.1f} | "
-                 f"{trains.mean():.1f} ± {trains.std():.1f} |")
+        lines.append(f"| {run.name} | {run.last_step} | {run.final_eval:.1f} | {run.final_cost:.1f} | "
+                     f"{run.last_train:.1f} |")
+    lines.append(f"| mean ± std ({len(runs)} runs) | | {mean_std([r.final_eval for r in runs])} | "
+                 f"{mean_std([r.final_cost for r in runs])} | {mean_std([r.last_train for r in runs])} |")
     return "\n".join(lines)
+
+
+def mean_std(values: list[float]) -> str:
+    return f"{np.mean(values):.1f} ± {np.std(values):.1f}"
 
 
 def main(args: Args) -> None:
