@@ -2,12 +2,16 @@
 
     python -m keelrl.benchmarks.update_time --algos sac td3 --hidden 256 8
     python -m keelrl.benchmarks.update_time --compile
+    python -m keelrl.benchmarks.update_time --algos sac --networks mlp/scalar simba/scalar simbav2/c51 --hidden 256
 
 Times updates on random Hopper-sized batches (batch 256) with one torch thread, by the process's
 CPU time rather than wall-clock time: another busy process then slows the figure far less (it
 still shares caches), so before/after comparisons stay meaningful on a shared machine. With
 `--hidden 8` the arithmetic nearly vanishes and what remains is the per-update overhead
-(Python, dispatch, autograd, optimiser bookkeeping). Reports the median over repeats.
+(Python, dispatch, autograd, optimiser bookkeeping). `--networks` times other network / value-head
+pairs at their own default sizes (`--hidden` then applies to the mlp only); `--preset` times an agent
+with every option of that paper's setting. One update is one gradient step: a run with `--utd N`
+does N of them per environment step. Reports the median over repeats.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import numpy as np
 import torch
 import tyro
 
+from keelrl.agents.off_policy import apply_preset
 from keelrl.agents.sac import SAC, SACConfig
 from keelrl.agents.td3 import TD3, TD3Config
 from keelrl.buffers import ReplayBuffer
@@ -33,6 +38,10 @@ class Args:
     """agents to time"""
     hidden: tuple[int, ...] = (256, 8)
     """hidden widths of the 2-layer networks to time (8: overhead only)"""
+    networks: tuple[str, ...] = ("mlp/scalar",)
+    """network/critic-head pairs to time (network: mlp, simba, simbav2; head: scalar, c51, hlgauss)"""
+    preset: str | None = None
+    """time an agent built with this preset (simba, simbav2) instead of --networks"""
     compile: bool = False
     """time the --compile update"""
     updates: int = 150
@@ -55,12 +64,25 @@ def filled_buffer(obs_dim: int, action_dim: int, transitions: int = 1_000) -> Re
     return buffer
 
 
-def cpu_ms_per_update(algo: str, hidden: int, args: Args) -> list[float]:
+def agent_options(network_and_head: str, hidden: int, args: Args) -> dict:
+    """The config fields of one timed setting."""
+    if args.preset is not None:
+        options = {"preset": args.preset}
+    else:
+        network, critic_head = network_and_head.split("/")
+        options = {"network": network, "critic_head": critic_head, "hidden_sizes": (hidden, hidden)}
+        if critic_head != "scalar":
+            options.update(v_min=-10.0, v_max=10.0)
+    if args.compile:
+        options["compile"] = True
+    return options
+
+
+def cpu_ms_per_update(algo: str, network_and_head: str, hidden: int, args: Args) -> list[float]:
     agent_cls, config_cls = AGENTS[algo]
-    options = {"compile": True} if args.compile else {}
+    config = apply_preset(config_cls(**agent_options(network_and_head, hidden, args)), agent_cls.presets)
     torch.manual_seed(0)
-    agent = agent_cls(args.obs_dim, -np.ones(args.action_dim), np.ones(args.action_dim),
-                      config_cls(hidden_sizes=(hidden, hidden), **options))
+    agent = agent_cls(args.obs_dim, -np.ones(args.action_dim), np.ones(args.action_dim), config)
     buffer = filled_buffer(args.obs_dim, args.action_dim)
     for _ in range(20):  # warm-up (and compilation)
         agent.update(buffer.sample(256))
@@ -77,11 +99,14 @@ def main(args: Args) -> None:
     torch.set_num_threads(1)
     print(f"torch {torch.__version__}, 1 thread, batch 256, CPU ms per update (median of {args.repeats})"
           f"{', --compile' if args.compile else ''}")
+    settings = [f"preset {args.preset}"] if args.preset is not None else args.networks
     for algo in args.algos:
-        for hidden in args.hidden:
-            timings = cpu_ms_per_update(algo, hidden, args)
-            print(f"  {algo} {hidden}-{hidden}: {statistics.median(timings):6.2f} ms "
-                  f"(min {min(timings):.2f}, max {max(timings):.2f})")
+        for network_and_head in settings:
+            for hidden in args.hidden if network_and_head.startswith("mlp") else args.hidden[:1]:
+                timings = cpu_ms_per_update(algo, network_and_head, hidden, args)
+                size = f" {hidden}-{hidden}" if network_and_head.startswith("mlp") else ""
+                print(f"  {algo} {network_and_head}{size}: {statistics.median(timings):6.2f} ms "
+                      f"(min {min(timings):.2f}, max {max(timings):.2f})")
 
 
 if __name__ == "__main__":
