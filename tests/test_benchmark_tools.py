@@ -1,7 +1,12 @@
-"""benchmarks/summarize_runs.py: the per-run table read from keelrl run directories."""
+"""Benchmark tools: the run-summary table (summarize_runs) and the update products (gemm_floor)."""
 
 from pathlib import Path
 
+import pytest
+
+from keelrl.benchmarks.gemm_floor import update_products
+from keelrl.benchmarks.speed import Args as SpeedArgs
+from keelrl.benchmarks.speed import update_flops
 from keelrl.benchmarks.summarize_runs import summarize_keelrl, table
 
 
@@ -23,3 +28,12 @@ def test_final_evaluation_cost_and_last_training_episodes(tmp_path):
     lines = table("keelrl", [first, second]).splitlines()
     assert lines[4] == "| a | 2000 | 300.0 | 12.0 | 15.0 |"
     assert lines[-1] == "| mean ± std (2 runs) | | 200.0 ± 100.0 | 26.0 ± 14.0 | 10.0 ± 5.0 |"
+
+
+@pytest.mark.parametrize("algo", ["sac", "td3"])
+def test_the_timed_products_are_the_products_the_flop_count_counts(algo):
+    products = update_products(algo)
+    per_update = sum(group.flops for group in products) / 2  # the list holds two updates
+    assert per_update == pytest.approx(update_flops(algo, SpeedArgs()), rel=1e-12)
+    for group in products:
+        group.run()  # every product runs on its preallocated operands
