@@ -22,8 +22,6 @@ from __future__ import annotations
 import dataclasses
 import statistics
 import time
-from typing import Callable
-
 import torch
 import tyro
 
@@ -43,97 +41,104 @@ class Args:
     """updates per measurement"""
 
 
-class Products:
-    """A list of matrix products with their operands and outputs allocated once."""
+class Network:
+    """One MLP (or ensemble of `members` MLPs) reduced to its matrix products: weights, the input of
+    every layer, the gradient of every layer's output and the weight gradients are allocated once
+    and shared by all its products, so operands stay as cache-resident as in a real update."""
 
-    def __init__(self, members: int, batch: int = 256):
-        self.members, self.batch = members, batch
-        self.calls: list[Callable[[], torch.Tensor]] = []
-        self.flops = 0.0
+    def __init__(self, layers: list[tuple[int, int]], members: int, batch: int = 256,
+                 weights: list[torch.Tensor] | None = None):
+        self.layers, self.members = layers, members
+        self.weights = weights or [torch.randn(members, k, n) / k**0.5 for k, n in layers]
+        self.inputs = [torch.randn(members, batch, k) for k, _ in layers]  # input of layer l
+        self.outputs = torch.empty(members, batch, layers[-1][1])
+        self.output_grads = [torch.randn(members, batch, n) for _, n in layers]  # d loss / d output of layer l
+        self.input_grad = torch.empty(members, batch, layers[0][0])
+        self.weight_grads = [torch.empty(members, k, n) for k, n in layers]
 
-    def count(self, k: int, n: int) -> None:
-        self.flops += 2.0 * self.members * self.batch * k * n
+    def first_member(self) -> Network:
+        """The first member alone, sharing its weights (TD3's actor loss uses Q1 only)."""
+        return Network(self.layers, 1, self.inputs[0].shape[1], [w[:1] for w in self.weights])
 
-    def forward(self, k: int, n: int) -> None:
-        """Inputs [batch, k] times weights [k, n], every member."""
-        self.count(k, n)
-        x, w = torch.randn(self.members, self.batch, k), torch.randn(self.members, k, n)
-        if n == 1:  # a one-column output as a multiply-sum
-            self.calls.append(lambda: (x * w.transpose(1, 2)).sum(-1))
-            return
-        out = torch.empty(self.members, self.batch, n)
-        self.calls.append(lambda: torch.bmm(x, w, out=out) if self.members > 1 else torch.mm(x[0], w[0], out=out[0]))
+    def layer_flops(self) -> list[float]:
+        """FLOPs of one product per layer (forward, input gradient and weight gradient cost the same)."""
+        return [2.0 * self.members * self.inputs[0].shape[1] * k * n for k, n in self.layers]
 
-    def input_grad(self, k: int, n: int) -> None:
-        """Output gradients [batch, n] times the weights' transpose [n, k]."""
-        self.count(k, n)
-        g, w = torch.randn(self.members, self.batch, n), torch.randn(self.members, k, n)
-        out = torch.empty(self.members, self.batch, k)
-        if n == 1:  # the gradient through a one-column output is an outer product
-            self.calls.append(lambda: torch.mul(g, w.transpose(1, 2), out=out))
-            return
-        self.calls.append(lambda: torch.bmm(g, w.transpose(1, 2), out=out) if self.members > 1
-                          else torch.mm(g[0], w[0].t(), out=out[0]))
+    def forward_backward_flops(self, trains: bool) -> float:
+        flops = self.layer_flops()
+        backward = sum(flops) + sum(flops[1:]) if trains else sum(flops)
+        return sum(flops) + backward
 
-    def weight_grad(self, k: int, n: int) -> None:
-        """The inputs' transpose [k, batch] times the output gradients [batch, n]."""
-        self.count(k, n)
-        x, g = torch.randn(self.members, self.batch, k), torch.randn(self.members, self.batch, n)
-        out = torch.empty(self.members, k, n)
-        self.calls.append(lambda: torch.bmm(x.transpose(1, 2), g, out=out) if self.members > 1
-                          else torch.mm(x[0].t(), g[0], out=out[0]))
+    @staticmethod
+    def product(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> None:
+        torch.bmm(a, b, out=out) if a.shape[0] > 1 else torch.mm(a[0], b[0], out=out[0])
 
-    def network_forward(self, layers: list[tuple[int, int]]) -> None:
-        for k, n in layers:
-            self.forward(k, n)
+    def forward(self) -> None:
+        for index, weight in enumerate(self.weights):
+            x = self.inputs[index]
+            if index + 1 == len(self.weights) and weight.shape[2] == 1:  # a one-column output as a multiply-sum
+                torch.sum(x * weight.transpose(1, 2), dim=-1, keepdim=True, out=self.outputs)
+            else:
+                self.product(x, weight, self.inputs[index + 1] if index + 1 < len(self.weights) else self.outputs)
 
-    def network_backward(self, layers: list[tuple[int, int]], weights: bool) -> None:
-        """Back-propagation from the output. A network whose weights train needs their gradients and
-        the input gradients of every layer but the first; a frozen one (the critics in the actor
-        step) needs the input gradients of every layer, down to the actions it was given."""
-        for index, (k, n) in reversed(list(enumerate(layers))):
-            if weights:
-                self.weight_grad(k, n)
-            if index > 0 or not weights:
-                self.input_grad(k, n)
+    def backward(self, trains: bool) -> None:
+        """Back-propagation from the output. A network that trains needs its weight gradients and the
+        input gradients of every layer but the first; a frozen one (the critics in the actor step)
+        needs the input gradients of every layer, down to the actions it was given."""
+        for index in reversed(range(len(self.weights))):
+            weight, grad = self.weights[index], self.output_grads[index]
+            if trains:
+                self.product(self.inputs[index].transpose(1, 2), grad, self.weight_grads[index])
+            if index > 0 or not trains:
+                below = self.output_grads[index - 1] if index > 0 else self.input_grad
+                if weight.shape[2] == 1:  # through a one-column output: an outer product
+                    torch.mul(grad, weight.transpose(1, 2), out=below)
+                else:
+                    self.product(grad, weight.transpose(1, 2), below)
+
+
+class UpdateProducts:
+    """The matrix products of `policy_frequency` (2) SAC or TD3 updates, in the order they happen."""
+
+    def __init__(self, algo: str, obs: int = 11, act: int = 3, hidden: int = 256):
+        actor_out = 2 * act if algo == "sac" else act  # SAC's actor outputs mean and log-std
+        actor_layers = [(obs, hidden), (hidden, hidden), (hidden, actor_out)]
+        critic_layers = [(obs + act, hidden), (hidden, hidden), (hidden, 1)]
+        self.actor, self.target_actor = Network(actor_layers, 1), Network(actor_layers, 1)
+        self.critics, self.target_critics = Network(critic_layers, 2), Network(critic_layers, 2)
+        # SAC: an actor step per update, through both critics; TD3: one per 2 updates, through Q1
+        self.actor_steps, self.actor_critics = (2, self.critics) if algo == "sac" else (1, self.critics.first_member())
+        self.next_actor = self.actor if algo == "sac" else self.target_actor  # SAC samples a' from its actor
+
+    def flops_per_update(self) -> float:
+        critic_step = (sum(self.next_actor.layer_flops()) + sum(self.target_critics.layer_flops())
+                       + self.critics.forward_backward_flops(trains=True))
+        actor_step = self.actor.forward_backward_flops(trains=True) + self.actor_critics.forward_backward_flops(trains=False)
+        return (2 * critic_step + self.actor_steps * actor_step) / 2
 
     def run(self) -> None:
-        for call in self.calls:
-            call()
-
-
-def update_products(algo: str, obs: int = 11, act: int = 3, hidden: int = 256) -> list[Products]:
-    """The products of `policy_frequency` (2) updates, as lists per network ensemble size."""
-    actor_out = 2 * act if algo == "sac" else act  # SAC's actor outputs mean and log-std
-    actor = [(obs, hidden), (hidden, hidden), (hidden, actor_out)]
-    critic = [(obs + act, hidden), (hidden, hidden), (hidden, 1)]
-    single, ensemble = Products(members=1), Products(members=2)
-    actor_steps, actor_critics = (2, ensemble) if algo == "sac" else (1, single)  # TD3: Q1 only
-    for _ in range(2):  # critic steps
-        single.network_forward(actor)  # the next actions
-        ensemble.network_forward(critic)  # target critics
-        ensemble.network_forward(critic)
-        ensemble.network_backward(critic, weights=True)
-    for _ in range(actor_steps):
-        single.network_forward(actor)
-        actor_critics.network_forward(critic)
-        actor_critics.network_backward(critic, weights=False)
-        single.network_backward(actor, weights=True)
-    return [single, ensemble]
+        for _ in range(2):  # critic steps
+            self.next_actor.forward()
+            self.target_critics.forward()
+            self.critics.forward()
+            self.critics.backward(trains=True)
+        for _ in range(self.actor_steps):
+            self.actor.forward()
+            self.actor_critics.forward()
+            self.actor_critics.backward(trains=False)
+            self.actor.backward(trains=True)
 
 
 def ms_per_update(algo: str, threads: int, args: Args) -> list[float]:
     torch.set_num_threads(threads)
-    products = update_products(algo)
+    products = UpdateProducts(algo)
     for _ in range(20):
-        for group in products:
-            group.run()
+        products.run()
     timings = []
     for _ in range(args.repeats):
         start = time.perf_counter()
         for _ in range(args.updates // 2):
-            for group in products:
-                group.run()
+            products.run()
         timings.append(1e3 * (time.perf_counter() - start) / (2 * (args.updates // 2)))
     return timings
 
