@@ -144,6 +144,9 @@ class OffPolicyConfig:
     """parent directory of run directories"""
     resume: str | None = None
     """continue the run in this directory to its total_timesteps (its saved config is used)"""
+    extend_to: int | None = None
+    """with --resume: train the run on until this many environment steps, past the total_timesteps it was
+    started with (a finished run continues; a learning-rate decay stretches to the new end)"""
     quiet: bool = False
     """no progress bar"""
 
@@ -173,6 +176,12 @@ def validate_off_policy(config: OffPolicyConfig) -> None:
                          "g++ (e.g. apt install g++) or drop --compile.")
     if config.utd < 1:
         raise ValueError(f"--utd (updates per environment step) must be at least 1, got {config.utd}.")
+    if config.extend_to is not None:
+        if config.resume is None:
+            raise ValueError("--extend-to trains a saved run further: give it with --resume RUN_DIR.")
+        if config.extend_to < config.total_timesteps:
+            raise ValueError(f"--extend-to {config.extend_to} is below the run's --total-timesteps "
+                             f"{config.total_timesteps}: a run cannot be shortened.")
     if config.weight_decay < 0 or not 0.0 < config.final_lr_fraction <= 1.0:
         raise ValueError("--weight-decay must be non-negative and --final-lr-fraction in (0, 1].")
     if config.critic_head != "scalar":
@@ -407,7 +416,10 @@ def train_off_policy(agent_cls: type[OffPolicyAgent], config: OffPolicyConfig, v
     algo = agent_cls.algo
     if config.resume is None:
         config = apply_preset(config, agent_cls.presets)
-    config, run_dir, checkpoint = start_or_resume(config, algo, validate)
+    config, run_dir, checkpoint = start_or_resume(config, algo, validate, keep_from_command_line=("quiet", "extend_to"))
+    if config.extend_to is not None:  # the new end is saved, so a later plain --resume continues to it
+        config = dataclasses.replace(config, total_timesteps=config.extend_to, extend_to=None)
+        save_config(run_dir, algo, config)
     set_threads(config.threads)
     seed_everything(config.seed)
     global_step = 0 if checkpoint is None else checkpoint["global_step"]

@@ -177,6 +177,28 @@ def test_bad_input_is_one_clear_line_and_exit_code_2(args, message, tmp_path, ca
     assert re.search(message, err), err
 
 
+def test_extend_to_trains_a_finished_run_further(tmp_path, capsys):
+    common = dict(env_id="InvertedPendulum-v5", learning_starts=100, batch_size=16, hidden_sizes=(8, 8),
+                  eval_freq=0, eval_episodes=1, runs_dir=str(tmp_path), quiet=True)
+    first = train(SACConfig(total_timesteps=300, **common))
+    assert run_cli(train, SACConfig, args=["--extend-to", "600", "--runs-dir", str(tmp_path)]) == 2
+    assert "--extend-to trains a saved run further: give it with --resume" in capsys.readouterr().err
+    assert run_cli(train, SACConfig, args=["--resume", str(first.run_dir), "--extend-to", "200"]) == 2
+    assert "below the run's --total-timesteps 300" in capsys.readouterr().err
+    def updates() -> int:
+        return torch.load(first.run_dir / "checkpoint.pt", weights_only=True)["agent"]["num_updates"]
+
+    assert updates() == 200
+
+    result = train(SACConfig(resume=str(first.run_dir), extend_to=600, quiet=True))
+    assert result.global_step == 600 and result.run_dir == first.run_dir
+    assert updates() == 500  # 200 updates, then 300 more
+    evals = [int(row["global_step"]) for row in csv.DictReader((first.run_dir / "eval.csv").open())]
+    assert evals == [300, 600]
+    saved = json.loads((first.run_dir / "config.json").read_text())["config"]
+    assert saved["total_timesteps"] == 600 and saved["extend_to"] is None  # a plain --resume now ends at 600
+
+
 def test_resume_of_a_directory_that_is_not_a_run(tmp_path, capsys):
     assert run_cli(train, SACConfig, args=["--resume", str(tmp_path)]) == 2
     assert "not a keelrl run directory" in capsys.readouterr().err
