@@ -22,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 import statistics
 import time
+
 import torch
 import tyro
 

@@ -64,23 +64,28 @@ def filled_buffer(obs_dim: int, action_dim: int, transitions: int = 1_000) -> Re
     return buffer
 
 
-def agent_options(network_and_head: str, hidden: int, args: Args) -> dict:
-    """The config fields of one timed setting."""
+def timed_settings(args: Args) -> list[tuple[str, dict]]:
+    """(label, config fields) of every setting to time."""
+    compile_option = {"compile": True} if args.compile else {}
     if args.preset is not None:
-        options = {"preset": args.preset}
-    else:
+        return [(f"preset {args.preset}", {"preset": args.preset, **compile_option})]
+    settings = []
+    for network_and_head in args.networks:
         network, critic_head = network_and_head.split("/")
-        options = {"network": network, "critic_head": critic_head, "hidden_sizes": (hidden, hidden)}
+        options = {"network": network, "critic_head": critic_head, **compile_option}
         if critic_head != "scalar":
             options.update(v_min=-10.0, v_max=10.0)
-    if args.compile:
-        options["compile"] = True
-    return options
+        if network != "mlp":  # SimBa/SimbaV2 networks have their own widths
+            settings.append((network_and_head, options))
+            continue
+        for hidden in args.hidden:
+            settings.append((f"{network_and_head} {hidden}-{hidden}", {**options, "hidden_sizes": (hidden, hidden)}))
+    return settings
 
 
-def cpu_ms_per_update(algo: str, network_and_head: str, hidden: int, args: Args) -> list[float]:
+def cpu_ms_per_update(algo: str, options: dict, args: Args) -> list[float]:
     agent_cls, config_cls = AGENTS[algo]
-    config = apply_preset(config_cls(**agent_options(network_and_head, hidden, args)), agent_cls.presets)
+    config = apply_preset(config_cls(**options), agent_cls.presets)
     torch.manual_seed(0)
     agent = agent_cls(args.obs_dim, -np.ones(args.action_dim), np.ones(args.action_dim), config)
     buffer = filled_buffer(args.obs_dim, args.action_dim)
@@ -99,14 +104,11 @@ def main(args: Args) -> None:
     torch.set_num_threads(1)
     print(f"torch {torch.__version__}, 1 thread, batch 256, CPU ms per update (median of {args.repeats})"
           f"{', --compile' if args.compile else ''}")
-    settings = [f"preset {args.preset}"] if args.preset is not None else args.networks
     for algo in args.algos:
-        for network_and_head in settings:
-            for hidden in args.hidden if network_and_head.startswith("mlp") else args.hidden[:1]:
-                timings = cpu_ms_per_update(algo, network_and_head, hidden, args)
-                size = f" {hidden}-{hidden}" if network_and_head.startswith("mlp") else ""
-                print(f"  {algo} {network_and_head}{size}: {statistics.median(timings):6.2f} ms "
-                      f"(min {min(timings):.2f}, max {max(timings):.2f})")
+        for label, options in timed_settings(args):
+            timings = cpu_ms_per_update(algo, options, args)
+            print(f"  {algo} {label}: {statistics.median(timings):6.2f} ms "
+                  f"(min {min(timings):.2f}, max {max(timings):.2f})")
 
 
 if __name__ == "__main__":
