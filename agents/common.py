@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import dataclasses
 import json
@@ -9,7 +10,7 @@ import os
 import random
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -104,7 +105,13 @@ def load_run_config(run_dir: str | os.PathLike, algo: str, config_cls: type) -> 
             f"(expected {CONFIG_FILE} and {CHECKPOINT_FILE}; a run writes its first checkpoint after "
             f"checkpoint_freq steps)."
         )
-    payload = json.loads(config_path.read_text())
+    try:
+        payload = json.loads(config_path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise ValueError(f"--resume {run_dir}: {config_path} is damaged, not JSON ({err}).") from None
+    if not isinstance(payload, dict) or not isinstance(payload.get("config"), dict):
+        raise ValueError(f"--resume {run_dir}: {config_path} is not a keelrl run config "
+                         f'(expected {{"algo": ..., "config": {{...}}}}).')
     if payload.get("algo") != algo:
         raise ValueError(
             f"--resume {run_dir}: that run is {payload.get('algo')!r}, not {algo!r}; "
@@ -112,15 +119,37 @@ def load_run_config(run_dir: str | os.PathLike, algo: str, config_cls: type) -> 
         )
     fields = {f.name for f in dataclasses.fields(config_cls)}
     # JSON turned the configs' tuples (hidden sizes, ...) into lists
-    return config_cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in payload["config"].items() if k in fields})
+    values = {k: tuple(v) if isinstance(v, list) else v for k, v in payload["config"].items() if k in fields}
+    wrong = _wrongly_typed_fields(config_cls, values)
+    if wrong:
+        raise ValueError(f"--resume {run_dir}: {config_path} holds values of the wrong type for "
+                         f"{', '.join(wrong)}; it is damaged or was edited by hand.")
+    return config_cls(**values)
+
+
+def _wrongly_typed_fields(config_cls: type, values: dict[str, Any]) -> list[str]:
+    """Names of the fields whose value is not of the type of the field's default (None always passes)."""
+    wrong = []
+    for field in dataclasses.fields(config_cls):
+        value, default = values.get(field.name), field.default
+        if value is None or default is None or default is dataclasses.MISSING:
+            continue
+        if isinstance(default, bool) or not isinstance(default, (int, float)):
+            fits = isinstance(value, type(default))
+        else:  # an int fits a float field; a bool fits neither
+            fits = isinstance(value, int if isinstance(default, int) else (int, float)) and not isinstance(value, bool)
+        if not fits:
+            wrong.append(field.name)
+    return wrong
 
 
 def start_or_resume(
-    config: Any, algo: str, validate: Callable[[Any], None], keep_from_command_line: tuple[str, ...] = ("quiet",)
+    config: Any, algo: str, validate: Callable[[Any], None], keep_from_command_line: tuple[str, ...] = ("quiet",),
+    checkpoint_keys: tuple[str, ...] = ("global_step", "agent", "rng"),
 ) -> tuple[Any, Path | None, dict[str, Any] | None]:
     """A new run's validated config (and no run directory or checkpoint yet); under `--resume RUN_DIR`,
     the interrupted run's saved config, with the options in `keep_from_command_line` taken from this
-    command line, its directory and its checkpoint."""
+    command line, its directory and its checkpoint (which must hold `checkpoint_keys`)."""
     if config.resume is None:
         validate(config)
         return config, None, None
@@ -129,7 +158,32 @@ def start_or_resume(
     overrides = {name: getattr(config, name) for name in keep_from_command_line}
     saved = dataclasses.replace(saved, resume=str(run_dir), **overrides)
     validate(saved)
-    return saved, run_dir, load_checkpoint(run_dir / CHECKPOINT_FILE, algo)
+    checkpoint = load_checkpoint(run_dir / CHECKPOINT_FILE, algo)
+    missing = [key for key in checkpoint_keys if key not in checkpoint]
+    if missing:
+        raise ValueError(f"{run_dir / CHECKPOINT_FILE} is not a checkpoint of a {algo} run (no "
+                         f"{', '.join(missing)}); it is damaged or comes from another program.")
+    return saved, run_dir, checkpoint
+
+
+@contextlib.contextmanager
+def restoring(path: Path) -> Iterator[None]:
+    """Restore a run's state from the file at `path`; what a damaged file, or one from another run or
+    program, raises on the way becomes one ValueError naming it."""
+    try:
+        yield
+    except FileNotFoundError:
+        raise
+    except Exception as err:  # torch, numpy and the state dicts raise many types for a foreign file
+        raise ValueError(f"{path} does not fit this run ({_one_line(err)}); it is damaged or comes "
+                         f"from another run or program: start a new run.") from None
+
+
+def _one_line(err: Exception, limit: int = 160) -> str:
+    """An exception as 'Type: first line of its message', cut at `limit` characters."""
+    lines = str(err).strip().splitlines()
+    text = f"{type(err).__name__}: {lines[0] if lines else ''}".rstrip(": ")
+    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def save_checkpoint(path: Path, state: dict[str, Any]) -> None:
@@ -147,7 +201,8 @@ def load_checkpoint(path: str | os.PathLike, algo: str) -> dict[str, Any]:
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as err:  # torch raises several types for a corrupt or foreign file
-        raise ValueError(f"{path} is not a readable keelrl checkpoint ({type(err).__name__}: {err}).") from None
+        raise ValueError(f"{path} is not a readable keelrl checkpoint: it is damaged, truncated or not written by "
+                         f"keelrl ({_one_line(err)}).") from None
     if not isinstance(state, dict) or "algo" not in state:
         raise ValueError(f"{path} is not a keelrl checkpoint (no 'algo' entry).")
     if state["algo"] != algo:

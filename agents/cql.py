@@ -4,7 +4,7 @@ Run:     python -m keelrl.agents.cql --dataset keelrl/hopper-medium-v0
 Import:  from keelrl.agents.cql import CQL, CQLConfig, train, evaluate
 
 The algorithm, top to bottom (SAC on a fixed dataset, with a conservative critic):
-- the tanh-Gaussian actor takes a SAC step on α log π(a|s) − min Q(s, a), α tuned so the policy entropy tracks −|A|;
+- the tanh-Gaussian actor (CORL's parameterisation, `CQLActor`) takes a SAC step on α log π(a|s) − min Q(s, a), α tuned so the policy entropy tracks −|A|;
 - the twin critics regress onto r + γ(1 − terminated) min Q_target(s', a'), a' ~ π(s'), and
   additionally push down a soft maximum of Q over actions the data does not contain while pushing up Q
   of the dataset action: α_cql (τ logsumexp(Q(s, a_i)/τ) − Q(s, a_data)), the a_i being
@@ -17,15 +17,17 @@ The loop (dataset, corruption, evaluation, checkpoints) is in agents/offline_com
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from keelrl.agents.common import TrainResult, run_cli
 from keelrl.agents.offline_common import OfflineAgent, OfflineConfig, evaluate, train_offline, validate_offline
 from keelrl.buffers import Batch
-from keelrl.networks import CriticEnsemble, TanhGaussianActor
+from keelrl.networks import CriticEnsemble, mlp
 
 __all__ = ["CQL", "CQLConfig", "train", "evaluate"]
 
@@ -68,6 +70,52 @@ def validate(config: CQLConfig) -> None:
         raise ValueError("--cql-alpha must be non-negative, --cql-temp and --alpha positive.")
 
 
+class CQLActor(nn.Module):
+    """CORL's CQL policy (TanhGaussianPolicy, from the CQL authors' code): a = tanh(u)·scale + bias,
+    u ~ N(mean(s), std(s)²).
+
+    One MLP outputs mean and raw log-std; log-std = m·raw + c with learnable scalars m (init 1) and
+    c (init −1), clamped into [−20, 2]. Hidden layers keep PyTorch's default initialisation; the output
+    layer is Xavier-uniform with gain 0.01 and zero bias, so a new policy has std ≈ e^−1 everywhere.
+    """
+
+    def __init__(self, obs_dim: int, action_low: np.ndarray, action_high: np.ndarray,
+                 hidden_sizes: tuple[int, ...], log_std_min: float = -20.0, log_std_max: float = 2.0):
+        super().__init__()
+        self.action_dim = len(action_low)
+        self.net = mlp(obs_dim, hidden_sizes, 2 * self.action_dim)
+        nn.init.xavier_uniform_(self.net[-1].weight, gain=1e-2)
+        nn.init.zeros_(self.net[-1].bias)
+        self.log_std_multiplier = nn.Parameter(torch.tensor(1.0))
+        self.log_std_offset = nn.Parameter(torch.tensor(-1.0))
+        self.log_std_min, self.log_std_max = log_std_min, log_std_max
+        low = torch.as_tensor(action_low, dtype=torch.float32)
+        high = torch.as_tensor(action_high, dtype=torch.float32)
+        self.register_buffer("action_scale", (high - low) / 2)
+        self.register_buffer("action_bias", (high + low) / 2)
+
+    def forward(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Mean and log-std of the pre-tanh Gaussian: (B, A) each."""
+        mean, raw_log_std = self.net(obs).split(self.action_dim, dim=-1)
+        log_std = self.log_std_multiplier * raw_log_std + self.log_std_offset
+        return mean, log_std.clamp(self.log_std_min, self.log_std_max)
+
+    def sample(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """A reparameterised action and its log-density in the action box: (B, A), (B,)."""
+        mean, log_std = self(obs)
+        noise = torch.randn_like(mean)
+        u = mean + log_std.exp() * noise
+        # log N(u) − log|d tanh(u)/du| − log(scale), with log(1 − tanh²u) = 2(log 2 − u − softplus(−2u))
+        log_tanh_jacobian = 2.0 * (math.log(2.0) - u - F.softplus(-2.0 * u))
+        log_prob = -0.5 * noise.pow(2) - log_std - 0.5 * math.log(2 * math.pi) - log_tanh_jacobian
+        return torch.tanh(u) * self.action_scale + self.action_bias, (log_prob - self.action_scale.log()).sum(-1)
+
+    def act(self, obs: torch.Tensor, deterministic: bool = False) -> torch.Tensor:
+        if deterministic:
+            return torch.tanh(self(obs)[0]) * self.action_scale + self.action_bias
+        return self.sample(obs)[0]
+
+
 def orthogonal_init_(critic: CriticEnsemble) -> None:
     """Each member's layers orthogonal with gain √2 (0.01 for the output layer), biases zero."""
     layers = critic.net.layers
@@ -88,7 +136,7 @@ class CQL(OfflineAgent):
     def __init__(self, obs_dim: int, action_low: np.ndarray, action_high: np.ndarray, config: CQLConfig):
         super().__init__(obs_dim, action_low, action_high, config)
         hidden = tuple(config.hidden_sizes)
-        self.actor = TanhGaussianActor(obs_dim, action_low, action_high, hidden)
+        self.actor = CQLActor(obs_dim, action_low, action_high, hidden)
         self.critic = CriticEnsemble(obs_dim, len(action_low), hidden, config.num_critics)
         if config.orthogonal_init:
             orthogonal_init_(self.critic)

@@ -69,6 +69,8 @@ class IQLConfig(OfflineConfig):
     """clip Q targets into [low, high] (RIQL: -100 1000)"""
     obs_stats_with_next: bool = False
     """fit the observation statistics to observations and next observations (RIQL)"""
+    edac_critic_init: bool = False
+    """EDAC's critic initialisation (RIQL): every bias 0.1, the output layer's weights and bias U(±3e-3)"""
 
 
 def validate(config: IQLConfig) -> None:
@@ -108,6 +110,20 @@ class GaussianActor(nn.Module):
         return torch.max(torch.min(mean + std * torch.randn_like(mean), self.high), self.low)
 
 
+def edac_init_(critic: CriticEnsemble) -> None:
+    """EDAC's critic initialisation (An et al. 2021) as RIQL's VectorizedQ draws it: hidden weights
+    U(±1/√out_features) (its kaiming_uniform_ on an (in, out) weight takes out_features as the fan-in),
+    every bias 0.1, then the output layer's weights and bias U(±3e-3)."""
+    layers = critic.net.layers
+    with torch.no_grad():
+        for layer in layers:
+            bound = 1.0 / math.sqrt(layer.weight.shape[-1])  # weight: (E, in, out)
+            layer.weight.uniform_(-bound, bound)
+            layer.bias.fill_(0.1)
+        layers[-1].weight.uniform_(-3e-3, 3e-3)
+        layers[-1].bias.uniform_(-3e-3, 3e-3)
+
+
 class IQL(OfflineAgent):
     """The IQL networks and update rule; takes raw observations (standardised inside when configured)."""
 
@@ -118,6 +134,8 @@ class IQL(OfflineAgent):
         super().__init__(obs_dim, action_low, action_high, config)
         hidden = tuple(config.hidden_sizes)
         self.critic = CriticEnsemble(obs_dim, len(action_low), hidden, config.num_critics)
+        if config.edac_critic_init:
+            edac_init_(self.critic)
         self.critic_target = CriticEnsemble(obs_dim, len(action_low), hidden, config.num_critics).requires_grad_(False)
         self.critic_target.load_state_dict(self.critic.state_dict())
         self.value = mlp(obs_dim, hidden, 1)

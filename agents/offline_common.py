@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
+import gymnasium as gym
 import numpy as np
 import torch
 from torch import nn
@@ -28,6 +29,7 @@ from keelrl.agents.common import (
     new_run_dir,
     progress_bar,
     restore_rng_state,
+    restoring,
     rng_state,
     save_checkpoint,
     save_config,
@@ -42,6 +44,7 @@ from keelrl.buffers.offline import (
     DatasetBuffer,
     DatasetInfo,
     check_env_matches,
+    episode_ends,
     episode_returns,
     load_dataset_with_info,
     normalized_score,
@@ -145,7 +148,7 @@ class OfflineAgent(nn.Module):
         self.obs_dim = obs_dim
         self.register_buffer("action_low", torch.as_tensor(action_low, dtype=torch.float32))
         self.register_buffer("action_high", torch.as_tensor(action_high, dtype=torch.float32))
-        self.obs_norm = RunningObsNorm(obs_dim) if config.normalize_obs else nn.Identity()
+        self.obs_norm = RunningObsNorm(obs_dim, clip=None, eps=1e-3, eps_on="std") if config.normalize_obs else nn.Identity()  # as CORL, RIQL
         self.optimizers: dict[str, torch.optim.Optimizer] = {}
         self.num_updates = 0
 
@@ -209,13 +212,15 @@ def cosine_factor(step: int, total: int) -> float:
     return 0.5 * (1.0 + math.cos(math.pi * min(step, total) / total))
 
 
-def normalize_rewards(data: dict[str, np.ndarray],
+def normalize_rewards(data: dict[str, np.ndarray], ends: np.ndarray,
                       max_episode_steps: int = 1000) -> tuple[dict[str, np.ndarray], float]:
-    """Rewards scaled by max_episode_steps / (max − min episode return) (CORL's MuJoCo normalisation)."""
-    returns = episode_returns(data)
+    """Rewards scaled by max_episode_steps / (max − min episode return) (CORL's MuJoCo normalisation);
+    episodes end where `ends` is True (see `episode_ends`)."""
+    returns = episode_returns(data, ends)
     spread = float(returns.max() - returns.min())
     if spread <= 0:
-        raise ValueError("--normalize-reward needs episodes with different returns; this dataset's are all equal.")
+        raise ValueError(f"--normalize-reward needs episodes with different returns; this dataset's "
+                         f"{len(returns)} episode(s) all return {returns[0]:.6g}.")
     scale = max_episode_steps / spread
     return {**data, "rewards": data["rewards"] * np.float32(scale)}, scale
 
@@ -236,9 +241,11 @@ def load_attack_model(path: str) -> OfflineAgent:
 def prepare_dataset(config: OfflineConfig) -> tuple[dict[str, np.ndarray], DatasetInfo, dict[str, Any]]:
     """The training data (corrupted if asked), its info, and a summary for dataset.json."""
     data, info = load_dataset_with_info(config.dataset, config.data_path, config.drop_timeout_transitions)
+    env_id = config.env_id or info.env_id
+    ends = episode_ends(data, _max_episode_steps(env_id))  # of the clean data: corruption moves observations
     summary: dict[str, Any] = {
-        "source": info.source, "env_id": config.env_id or info.env_id, "transitions": len(data["rewards"]),
-        "behaviour_return": float(episode_returns(data).mean()), "corruption": None,
+        "source": info.source, "env_id": env_id, "transitions": len(data["rewards"]),
+        "episodes": int(ends.sum()), "behaviour_return": float(episode_returns(data, ends).mean()), "corruption": None,
     }
     if config.corruption is not None:
         attacker = load_attack_model(config.attack_model) if config.attack_model else None
@@ -250,7 +257,16 @@ def prepare_dataset(config: OfflineConfig) -> tuple[dict[str, np.ndarray], Datas
         summary["corruption"] = {"kind": config.corruption, "mode": config.corruption_mode,
                                  "rate": config.corruption_rate, "range": config.corruption_range,
                                  "corrupted_transitions": len(indices)}
+    if config.normalize_reward:
+        data, summary["reward_scale"] = normalize_rewards(data, ends)
     return data, info, summary
+
+
+def _max_episode_steps(env_id: str | None) -> int | None:
+    """The time limit of a registered environment (None when unknown)."""
+    if env_id is None or env_id not in gym.registry:
+        return None
+    return gym.spec(env_id).max_episode_steps
 
 
 def _env_spaces(env_id: str):
@@ -274,8 +290,6 @@ def train_offline(agent_cls: type[OfflineAgent], config: OfflineConfig, validate
     check_env_matches(data, env_id, (observation_space, action_space))
     references = reference_scores(info, env_id)
     summary["ref_scores"] = references
-    if config.normalize_reward:
-        data, summary["reward_scale"] = normalize_rewards(data)
     if run_dir is None:
         run_dir = new_run_dir(config.runs_dir, env_id, algo, config.seed)
         save_config(run_dir, algo, config)
@@ -287,10 +301,11 @@ def train_offline(agent_cls: type[OfflineAgent], config: OfflineConfig, validate
     numpy_rng = np.random.default_rng(config.seed)  # no numpy randomness in the loop; kept for rng_state
     step = 0
     if checkpoint is not None:
-        agent.load_training_state(checkpoint["agent"])
-        restore_rng_state(checkpoint["rng"], numpy_rng)
-        buffer.generator.set_state(checkpoint["sampler"])
-        step = checkpoint["global_step"]
+        with restoring(run_dir / CHECKPOINT_FILE):
+            agent.load_training_state(checkpoint["agent"])
+            restore_rng_state(checkpoint["rng"], numpy_rng)
+            buffer.generator.set_state(checkpoint["sampler"])
+            step = int(checkpoint["global_step"])
 
     def write_checkpoint() -> None:
         save_checkpoint(run_dir / CHECKPOINT_FILE, {
@@ -334,6 +349,9 @@ def train_offline(agent_cls: type[OfflineAgent], config: OfflineConfig, validate
     ups = (step - start_step) / max(update_time, 1e-9)
     print(f"final evaluation return over {len(returns)} episodes: {returns.mean():.1f} ± {returns.std():.1f}"
           f" (normalised score {score:.1f})")
-    print(f"updates/s: {ups:.1f} ({1000 / ups:.2f} ms per update)")
+    if step > start_step:
+        print(f"updates/s: {ups:.1f} ({1000 / ups:.2f} ms per update)")
+    else:
+        print(f"no updates left: the run had already reached its {config.total_updates} updates")
     print(f"run saved in {run_dir}; open the curves with: tensorboard --logdir {Path(config.runs_dir)}")
     return TrainResult(run_dir=run_dir, global_step=step, final_eval_returns=returns, sps=ups, update_sps=ups)

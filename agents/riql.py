@@ -4,7 +4,9 @@ RIQL's defaults. The update rule is agents/iql.py's; RIQL switches on its robust
 Run:     python -m keelrl.agents.riql --dataset keelrl/hopper-medium-v0 --corruption dynamics --corruption-rate 0.3
 Import:  from keelrl.agents.riql import RIQL, RIQLConfig, train, evaluate
 
-What RIQL changes (defaults from the RIQL repository's TrainConfig):
+What RIQL changes (defaults from the RIQL repository's TrainConfig, RIQL.py):
+- 3M updates (3000 epochs of 1000), the actor's cosine schedule over all of them, evaluation every 10k;
+- EDAC's critic initialisation (biases 0.1, output layer U(±3e-3));
 - observation statistics over observations and next observations (a corrupted s' counts too);
 - 5 critics, and V's target is their `quantile` (0.25) instead of their minimum;
 - a Huber loss for Q (quadratic below |error| 1/σ², σ = 1) and targets clipped into [−100, 1000];
@@ -27,6 +29,10 @@ __all__ = ["RIQL", "RIQLConfig", "train", "evaluate"]
 
 @dataclasses.dataclass
 class RIQLConfig(IQLConfig):
+    total_updates: int = 3_000_000
+    """gradient updates (RIQL: 3000 epochs × 1000); the actor's cosine schedule runs over all of them"""
+    eval_freq: int = 10_000
+    """updates between evaluations (RIQL: every 10 epochs)"""
     deterministic_actor: bool = True
     """a deterministic actor trained by weighted squared error (RIQL's default)"""
     log_std_min: float = -5.0
@@ -45,6 +51,8 @@ class RIQLConfig(IQLConfig):
     """clip Q targets into [low, high]"""
     obs_stats_with_next: bool = True
     """fit the observation statistics to observations and next observations"""
+    edac_critic_init: bool = True
+    """EDAC's critic initialisation: every bias 0.1, the output layer's weights and bias U(±3e-3)"""
 
 
 class RIQL(IQL):

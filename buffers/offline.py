@@ -253,13 +253,31 @@ def normalized_score(returns, ref_min_score: float, ref_max_score: float) -> np.
     return 100.0 * (np.asarray(returns, dtype=np.float64) - ref_min_score) / (ref_max_score - ref_min_score)
 
 
-def episode_returns(data: dict[str, np.ndarray]) -> np.ndarray:
-    """Undiscounted return of each episode (episodes end at terminals, timeouts and the last row)."""
-    ends = np.flatnonzero((data["terminals"] > 0) | (data["timeouts"] > 0))
-    if len(ends) == 0 or ends[-1] != len(data["rewards"]) - 1:
-        ends = np.append(ends, len(data["rewards"]) - 1)
+def episode_ends(data: dict[str, np.ndarray], max_episode_steps: int | None = None) -> np.ndarray:
+    """(N,) bool, True at the last row of each episode.
+
+    An episode ends at a terminal, at a timeout, where the next row does not continue it
+    (`next_observations[t] != observations[t + 1]`: the rows of a time-limit end that D4RL's
+    `qlearning_dataset` or `drop_timeout_transitions` removed), after `max_episode_steps` rows (CORL's
+    rule, for data without flags or observations to tell), and at the last row. Take the ends of
+    clean data: corrupted observations would break episodes at every corrupted row.
+    """
+    ends = (data["terminals"] > 0) | (data["timeouts"] > 0)
+    ends[:-1] |= np.any(data["next_observations"][:-1] != data["observations"][1:], axis=1)
+    ends[-1] = True
+    if max_episode_steps is not None:
+        start = 0
+        for end in np.flatnonzero(ends):
+            ends[start + max_episode_steps - 1:end:max_episode_steps] = True  # cut over-long episodes
+            start = end + 1
+    return ends
+
+
+def episode_returns(data: dict[str, np.ndarray], ends: np.ndarray | None = None) -> np.ndarray:
+    """Undiscounted return of each episode, episodes ending where `ends` is True (default: `episode_ends(data)`)."""
+    last_rows = np.flatnonzero(episode_ends(data) if ends is None else ends)
     cumulative = np.concatenate([[0.0], np.cumsum(data["rewards"], dtype=np.float64)])
-    return cumulative[ends + 1] - cumulative[np.concatenate([[0], ends[:-1] + 1])]
+    return cumulative[last_rows + 1] - cumulative[np.concatenate([[0], last_rows[:-1] + 1])]
 
 
 def write_minari_dataset(

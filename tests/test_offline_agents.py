@@ -50,6 +50,55 @@ def test_riql_defaults_and_quantile_target():
     torch.testing.assert_close(make_agent("iql")._combine_targets(q_all[:2]), q_all[0])
 
 
+def test_riql_schedule_runs_over_its_3m_updates_and_critics_start_as_edac():
+    """RIQL's repository: 3000 epochs × 1000 updates with the actor's cosine over all of them, and EDAC's
+    critic initialisation (biases 0.1, output layer U(±3e-3), hidden weights U(±1/√out_features))."""
+    agent = make_agent("riql", normalize_obs=False)
+    assert agent.config.total_updates == 3_000_000
+    layers = agent.critic.net.layers
+    for layer in layers:
+        assert torch.all(layer.bias == 0.1) if layer is not layers[-1] else layer.bias.abs().max() <= 3e-3
+    assert layers[-1].weight.abs().max() <= 3e-3 and layers[-1].weight.abs().max() > 1e-3
+    first = layers[0].weight  # (E, OBS_DIM + ACTION_DIM, 64): bound 1/√64, not nn.Linear's 1/√7
+    assert first.abs().max() <= 1 / 8 and first.abs().max() > 0.1
+    torch.testing.assert_close(agent.critic_target.net.layers[0].bias, layers[0].bias)
+    assert not make_agent("iql").config.edac_critic_init  # IQL keeps CORL's nn.Linear initialisation
+
+
+def test_riql_actor_learning_rate_is_halfway_down_its_cosine_at_1_5m_updates(fixed_batch):
+    agent = make_agent("riql", normalize_obs=False)
+    agent.num_updates = 1_500_000
+    agent.update(fixed_batch)
+    assert agent.optimizers["actor"].param_groups[0]["lr"] == pytest.approx(3e-4 * 0.5, rel=1e-6)
+
+
+def test_cql_actor_is_corls_tanh_gaussian_policy():
+    """CORL's TanhGaussianPolicy: log-std = m·raw + c (m = 1, c = −1 learnable), clamped into [−20, 2];
+    output layer Xavier-uniform with gain 0.01 and zero bias; log-density of the tanh-squashed Gaussian."""
+    agent = make_agent("cql", normalize_obs=False)
+    actor = agent.actor
+    output = actor.net[-1]
+    fan_in, fan_out = output.weight.shape[1], output.weight.shape[0]
+    assert output.weight.abs().max() <= 1e-2 * np.sqrt(6 / (fan_in + fan_out)) and torch.all(output.bias == 0)
+    obs = torch.randn(64, OBS_DIM, generator=torch.Generator().manual_seed(0))
+    mean, log_std = actor(obs)
+    torch.testing.assert_close(log_std, torch.full_like(log_std, -1.0), atol=0.05, rtol=0)  # a new policy: std ≈ e^−1
+    with torch.no_grad():
+        actor.log_std_multiplier.fill_(100.0)
+    assert actor(obs)[1].min() >= -20.0 and actor(obs)[1].max() <= 2.0
+    assert {"log_std_multiplier", "log_std_offset"} <= {name for name, _ in actor.named_parameters()}
+    # the log-density against torch's own tanh-transformed Normal
+    with torch.no_grad():
+        actor.log_std_multiplier.fill_(1.0)
+    torch.manual_seed(3)
+    actions, log_prob = actor.sample(obs)
+    mean, log_std = actor(obs)
+    dist = torch.distributions.TransformedDistribution(torch.distributions.Normal(mean, log_std.exp()),
+                                                       torch.distributions.transforms.TanhTransform())
+    torch.testing.assert_close(log_prob, dist.log_prob(actions.clamp(-1 + 1e-6, 1 - 1e-6)).sum(-1), atol=1e-3, rtol=1e-4)
+    torch.testing.assert_close(actor.act(obs, deterministic=True), torch.tanh(mean))
+
+
 def test_cql_penalty_lowers_unseen_actions(fixed_batch):
     """The conservative term widens the margin of dataset actions' Q over random actions' Q."""
     random_actions = torch.rand(fixed_batch.actions.shape, generator=torch.Generator().manual_seed(1)) * 2 - 1

@@ -13,6 +13,7 @@ from keelrl.buffers.offline import (
     DatasetBuffer,
     DatasetInfo,
     check_env_matches,
+    episode_ends,
     episode_returns,
     load_dataset,
     load_dataset_with_info,
@@ -114,6 +115,49 @@ def test_d4rl_raw_file_without_next_observations(tmp_path):
     data = load_dataset(tmp_path / "raw.npz")
     np.testing.assert_array_equal(data["rewards"], [0, 1, 2, 4])  # row 3 (timeout) and the last row go
     np.testing.assert_array_equal(data["next_observations"], obs[[1, 2, 3, 5]])
+
+
+def time_limit_stream(num_episodes=3, length=4):
+    """D4RL's raw layout of `num_episodes` time-limit episodes of `length` steps (no next_observations):
+    observation rows count up and restart at each episode, reward of step t of episode e is 10·e + t."""
+    observations = np.concatenate([np.arange(length, dtype=np.float32) + 100 * e for e in range(num_episodes)])
+    rewards = np.concatenate([10.0 * e + np.arange(length) for e in range(num_episodes)])
+    timeouts = np.tile(np.eye(length)[-1], num_episodes)
+    return dict(observations=observations[:, None], actions=np.zeros((len(rewards), 1)), rewards=rewards,
+                terminals=np.zeros(len(rewards)), timeouts=timeouts)
+
+
+def test_episode_returns_split_time_limit_episodes_whose_timeout_rows_were_dropped(tmp_path):
+    """D4RL's qlearning_dataset (and drop_timeout_transitions) removes each time-limit episode's last row,
+    so no flag is left: the episodes must still end where the next row starts another one."""
+    np.savez(tmp_path / "raw.npz", **time_limit_stream())
+    data = load_dataset(tmp_path / "raw.npz")
+    assert data["timeouts"].sum() == 0 and data["terminals"].sum() == 0 and len(data["rewards"]) == 9
+    # each episode keeps steps 0..2 (step 3 had the timeout); the last one also loses its last row (no next obs)
+    np.testing.assert_allclose(episode_returns(data), [0 + 1 + 2, 10 + 11 + 12, 20 + 21 + 22])
+    np.testing.assert_array_equal(np.flatnonzero(episode_ends(data)), [2, 5, 8])
+
+
+def test_episode_ends_cut_at_the_time_limit_when_nothing_else_tells():
+    """CORL's return_reward_range rule: without flags or a break in the observations, an episode ends
+    after max_episode_steps rows."""
+    stream = np.arange(8, dtype=np.float32)[:, None]
+    data = dict(observations=stream[:-1], next_observations=stream[1:], rewards=np.arange(7.0),
+                terminals=np.zeros(7), timeouts=np.zeros(7))
+    np.testing.assert_array_equal(np.flatnonzero(episode_ends(data, max_episode_steps=3)), [2, 5, 6])
+    np.testing.assert_allclose(episode_returns(data, episode_ends(data, 3)), [3.0, 12.0, 6.0])
+    np.testing.assert_allclose(episode_returns(data), [21.0])  # one unbroken stream without a limit
+
+
+def test_reward_normalisation_of_time_limit_data_with_timeout_rows_dropped(tmp_path):
+    """All-timeout data used to become one episode (normalisation refused); now scale = 1000 / (max − min)."""
+    from keelrl.agents.offline_common import normalize_rewards
+
+    np.savez(tmp_path / "raw.npz", **time_limit_stream())
+    data = load_dataset(tmp_path / "raw.npz")
+    scaled, scale = normalize_rewards(data, episode_ends(data))
+    assert scale == pytest.approx(1000 / (63 - 3))
+    np.testing.assert_allclose(scaled["rewards"], data["rewards"] * 1000 / 60, rtol=1e-6)
 
 
 def test_normalised_score_formula_and_d4rl_fallback():
