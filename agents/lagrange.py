@@ -5,14 +5,35 @@ A constrained agent maximises the return subject to J_c = E[episode cost] <= d (
 - The policy step descends (−Q_r(s, π(s)) + λ Q_c(s, π(s))) / (1 + λ): the cost critic Q_c estimates
   the discounted future cost, and dividing by 1 + λ keeps the loss (and Adam's step) on the scale of
   the reward loss however large λ grows.
-- λ >= 0 descends the loss −λ (J_c − d) on the undiscounted cost of each finished training episode:
-  it rises while episodes cost more than the limit and falls (down to 0) while they cost less.
-  `--multiplier gradient` is that projected gradient step, λ ← max(0, λ + lr (J_c − d));
-  `--multiplier pid` is Stooke et al.'s (2020) PID Lagrangian,
+- λ >= 0 descends the loss −λ (J_c − d): it rises while episodes cost more than the limit and falls
+  (down to 0) while they cost less. When it steps: once per batch of finished training episodes, i.e.
+  after each vector-env step at which at least one training episode ended (the off-policy loop calls
+  `observe_episode_costs`), and never otherwise: not per gradient update, not per epoch. J_c is the
+  mean undiscounted cost of the episodes that ended at that step (with --num-envs 1: the one episode's
+  cost); each episode counts in exactly one step. λ steps from the first episode on, also while
+  actions are still random (before --learning-starts), unless `--lambda-warmup` holds it back.
+  `--multiplier gradient` is a plain projected gradient step, no optimiser object and no momentum:
+      λ ← max(0, λ + lambda_lr (J_c − d))   (lambda_lr 1e-3, no upper bound);
+  `--multiplier pid` is Stooke et al.'s (2020) PID Lagrangian, stepped at the same moments:
       I ← max(0, I + k_i (J_c − d)),   λ = max(0, k_p (J_c − d) + I + k_d max(0, J_c − J_c,previous)),
   whose proportional and derivative terms damp the oscillation of the pure integral (gradient) form.
-- λ stays at `--lambda-init` for the first `--lambda-warmup` environment steps.
+- λ stays at `--lambda-init` while global_step <= `--lambda-warmup` (environment steps, all envs).
 No step divides by the limit, so a zero limit (no unsafe step allowed) is a valid setting.
+
+How this differs from OmniSafe (PKU-Alignment/omnisafe, read at commit 15603dd):
+- omnisafe/algorithms/off_policy/sac_lag.py and td3_lag.py step λ in `_update()`, which
+  omnisafe/algorithms/off_policy/ddpg.py `learn()` calls once per `update_cycle` (1) environment
+  steps once past `start_learning_steps`; the step is skipped until `epoch > warmup_epochs` (100 epochs
+  of 2000 steps), and J_c is `logger.get_stats('Metrics/EpCost')[0]`, the mean cost of the last
+  `window_lens` (10) finished episodes, so the same episodes drive many consecutive steps.
+  omnisafe/common/lagrange.py `Lagrange.update_lagrange_multiplier` takes that step with a torch
+  optimiser on −λ (J_c − d) (configs/off-policy/SACLag.yaml and TD3Lag.yaml: Adam, lambda_lr 1e-5,
+  λ init 0.001), then clamps λ to [0, upper bound]. keelrl steps far less often (once per batch of
+  finished episodes), on only those episodes' costs, by plain gradient steps, with a larger lr.
+- OmniSafe's on-policy Lagrangian agents (on_policy/naive_lagrange/ppo_lag.py) step once per epoch,
+  before the policy update, on the same windowed mean (window 100; Adam, lambda_lr 0.035).
+- OmniSafe's PID variant (omnisafe/common/pid_lagrange.py `PIDLagrangian.pid_update`, called by
+  off_policy/sac_pid.py and td3_pid.py exactly as above): see `PIDMultiplier`.
 """
 
 from __future__ import annotations
@@ -41,7 +62,7 @@ class LagrangeOptions:
     lambda_init: float = 0.0
     """initial Lagrange multiplier"""
     lambda_lr: float = 1e-3
-    """step size of the gradient multiplier: λ moves by lambda_lr × (episode cost − limit)"""
+    """gradient multiplier's step: λ moves by lambda_lr × (mean cost of the episodes just ended − limit)"""
     pid_kp: float = 0.1
     """PID multiplier: proportional gain on episode cost − limit"""
     pid_ki: float = 0.01
@@ -49,7 +70,7 @@ class LagrangeOptions:
     pid_kd: float = 0.01
     """PID multiplier: derivative gain on the rise of the episode cost"""
     lambda_warmup: int = 0
-    """environment steps before λ starts to update (it stays at lambda_init until then)"""
+    """λ stays at lambda_init for episodes that end at global_step <= lambda_warmup (environment steps)"""
 
 
 def validate_lagrange(config: OffPolicyConfig, agent: str) -> None:
@@ -75,7 +96,9 @@ def train_constrained(agent_cls: type[OffPolicyAgent], config: OffPolicyConfig, 
 
 
 class GradientMultiplier(nn.Module):
-    """λ ← max(0, λ − lr ∂/∂λ[−λ (J_c − d)]) = max(0, λ + lr (J_c − d)): one step per update."""
+    """λ ← max(0, λ − lr ∂/∂λ[−λ (J_c − d)]) = max(0, λ + lr (J_c − d)), one plain gradient step (no
+    torch optimiser, no upper bound) per `update` call; the agent calls it once per batch of finished
+    training episodes with J_c their mean cost (see the module docstring, which also compares OmniSafe)."""
 
     def __init__(self, cost_limit: float, lr: float, init: float):
         super().__init__()
@@ -87,7 +110,20 @@ class GradientMultiplier(nn.Module):
 
 
 class PIDMultiplier(nn.Module):
-    """Stooke et al. 2020: λ = max(0, k_p e + I + k_d max(0, J_c − J_c,previous)), e = J_c − d, I ← max(0, I + k_i e)."""
+    """Stooke et al. 2020: per `update(J_c)` call, with e = J_c − d,
+        I ← max(0, I + k_i e),   λ = max(0, k_p e + I + k_d max(0, J_c − J_c,previous)),
+    I starting at lambda_init; J_c,previous is the J_c of the call before (no derivative term on the
+    first call). The agent calls it at the gradient multiplier's moments: once per batch of finished
+    training episodes, J_c their mean cost. With k_p = k_d = 0 it is the gradient multiplier (lr k_i).
+
+    OmniSafe's `PIDLagrangian.pid_update` (omnisafe/common/pid_lagrange.py) is called once per update
+    step on the mean cost of the last 10 episodes (see the module docstring), and differs in its terms:
+    the proportional term acts on an exponential moving average (α 0.95) of e, the derivative on an
+    average (α 0.95) of J_c compared with its value up to `pid_d_delay` (10) calls before, and λ is capped
+    at `penalty_max` (100) unless sum_norm / diff_norm is set (diff_norm clips I and λ to [0, 1]).
+    Here: raw e, the rise since the previous call, no cap. Its gains (configs/off-policy/SACPID.yaml:
+    k_p 1e-6, k_i 1e-7, k_d 1e-7) suit a step per environment step, not keelrl's per-episode steps.
+    """
 
     def __init__(self, cost_limit: float, kp: float, ki: float, kd: float, init: float):
         super().__init__()
@@ -139,7 +175,8 @@ class LagrangianMixin:
         return self.lagrange.value
 
     def observe_episode_costs(self, episode_costs: np.ndarray, global_step: int) -> None:
-        """Update λ on the mean undiscounted cost of the episodes that just finished (after the warm-up)."""
+        """One λ step on the mean undiscounted cost of the training episodes that ended at this vector-env
+        step (the only place λ changes), unless global_step <= lambda_warmup."""
         if global_step > self.config.lambda_warmup:
             self.lagrange.update(float(np.mean(episode_costs)))
 

@@ -32,6 +32,7 @@ from keelrl.agents.common import (
     new_run_dir,
     progress_bar,
     restore_rng_state,
+    restoring,
     rng_state,
     save_checkpoint,
     save_config,
@@ -123,7 +124,10 @@ class OffPolicyConfig:
     n_step: int = 1
     """n-step returns from the replay buffer"""
     normalize_obs: bool = False
-    """normalise observations by running mean/std, updated on the observations acted on (saved with the model)"""
+    """normalise observations by running mean/std, (obs − mean) / sqrt(var + 1e-8), updated on the observations
+    acted on (saved with the model)"""
+    obs_clip: float | None = 10.0
+    """with --normalize-obs: clip normalised observations to ±obs_clip (None: no clipping, as SimBa and SimbaV2)"""
     eval_freq: int = 10_000
     """environment steps between evaluations (0: only at the end)"""
     eval_episodes: int = 10
@@ -184,6 +188,8 @@ def validate_off_policy(config: OffPolicyConfig) -> None:
                              f"{config.total_timesteps}: a run cannot be shortened.")
     if config.weight_decay < 0 or not 0.0 < config.final_lr_fraction <= 1.0:
         raise ValueError("--weight-decay must be non-negative and --final-lr-fraction in (0, 1].")
+    if config.obs_clip is not None and not config.obs_clip > 0:
+        raise ValueError(f"--obs-clip must be positive (or None for no clipping), got {config.obs_clip}.")
     if config.critic_head != "scalar":
         if config.v_min is None or config.v_max is None:
             raise ValueError(f"--critic-head {config.critic_head} needs a support: give --v-min and --v-max (the range "
@@ -191,18 +197,34 @@ def validate_off_policy(config: OffPolicyConfig) -> None:
         CategoricalHead.check_range(config.v_min, config.v_max, config.num_bins)
 
 
+def episode_length_discount(max_episode_steps: int, action_repeat: int = 1) -> float:
+    """SimBa's and SimbaV2's discount heuristic (taken from TD-MPC2): with the effective episode length
+    L = max_episode_steps / action_repeat, γ = (L/5 − 1) / (L/5) clipped to [0.95, 0.995]
+    (SonyResearch/simba configs/base.yaml:16-17, dojeon-ai/SimbaV2 configs/online_rl.yaml:19-20).
+    MuJoCo's 1000-step episodes without action repeat give 0.995."""
+    horizon = max_episode_steps / action_repeat / 5
+    return max(min((horizon - 1) / horizon, 0.995), 0.95)
+
+
+MUJOCO_DISCOUNT = episode_length_discount(1000)
+"""The presets' discount: the heuristic on MuJoCo's 1000-step episodes (configs/env/mujoco.yaml:13,15 of SimbaV2)."""
+
+
 def apply_preset(config: OffPolicyConfig, presets: dict[str, dict[str, Any]]) -> OffPolicyConfig:
-    """The config with `config.preset`'s settings; an option set to a third value (neither its
-    default nor the preset's) is a contradiction and is refused."""
-    if config.preset is None:
-        return config
-    defaults = type(config)()
-    for name, value in presets[config.preset].items():
-        given = getattr(config, name)
-        if given != value and given != getattr(defaults, name):
-            raise ValueError(f"--preset {config.preset} sets --{name.replace('_', '-')} {value}, but "
-                             f"--{name.replace('_', '-')} {given} was also given: drop one of them.")
-    config = dataclasses.replace(config, **presets[config.preset])
+    """The config with `config.preset`'s settings, and its derived defaults resolved.
+
+    An option set to a third value (neither its default nor the preset's) is a contradiction and is
+    refused. With or without a preset, a categorical critic on scaled rewards gets the support
+    [−5, 5] that the reward scaling fits returns into, unless --v-min/--v-max are given.
+    """
+    if config.preset is not None:
+        defaults = type(config)()
+        for name, value in presets[config.preset].items():
+            given = getattr(config, name)
+            if given != value and given != getattr(defaults, name):
+                raise ValueError(f"--preset {config.preset} sets --{name.replace('_', '-')} {value}, but "
+                                 f"--{name.replace('_', '-')} {given} was also given: drop one of them.")
+        config = dataclasses.replace(config, **presets[config.preset])
     if config.scale_rewards and config.critic_head != "scalar":
         config = dataclasses.replace(config, v_min=-5.0 if config.v_min is None else config.v_min,
                                      v_max=5.0 if config.v_max is None else config.v_max)
@@ -260,7 +282,8 @@ class OffPolicyAgent(nn.Module):
         self.obs_dim = obs_dim
         self.register_buffer("action_low", torch.as_tensor(action_low, dtype=torch.float32))
         self.register_buffer("action_high", torch.as_tensor(action_high, dtype=torch.float32))
-        self.obs_norm = RunningObsNorm(obs_dim) if config.normalize_obs else nn.Identity()
+        # (obs − mean) / sqrt(var + 1e-8) as SimBa and SimbaV2 (which do not clip: --obs-clip None in their presets)
+        self.obs_norm = RunningObsNorm(obs_dim, config.obs_clip, eps=1e-8) if config.normalize_obs else nn.Identity()
         self.reward_scaler = RewardScaler(config.gamma, config.num_envs) if config.scale_rewards else None
         self.head = build_head(config)
         self.critic = build_critic(config, obs_dim, len(action_low), self.head.num_outputs)
@@ -295,15 +318,18 @@ class OffPolicyAgent(nn.Module):
         self.num_updates += 1
         return losses
 
-    def set_optimizers(self, learning_rates: dict[str, tuple[list[nn.Parameter], float]]) -> None:
-        """One optimiser (--optimizer, --weight-decay) per named group of parameters.
+    def set_optimizers(self, learning_rates: dict[str, tuple[list[nn.Parameter], float]],
+                       no_weight_decay: tuple[str, ...] = ()) -> None:
+        """One optimiser (--optimizer, --weight-decay) per named group of parameters; the groups named
+        in `no_weight_decay` get none (SAC's temperature, as SimBa's `temp_weight_decay: 0.0`).
 
         The fused implementation updates all of a group's parameters in one kernel (the same
         arithmetic as the per-parameter loop, a few percent faster per SAC update here).
         """
         optimizer_cls = torch.optim.AdamW if self.config.optimizer == "adamw" else torch.optim.Adam
         for name, (params, lr) in learning_rates.items():
-            self.optimizers[name] = optimizer_cls(params, lr=lr, weight_decay=self.config.weight_decay, fused=True)
+            weight_decay = 0.0 if name in no_weight_decay else self.config.weight_decay
+            self.optimizers[name] = optimizer_cls(params, lr=lr, weight_decay=weight_decay, fused=True)
             for group in self.optimizers[name].param_groups:
                 group["initial_lr"] = lr
 
@@ -439,9 +465,14 @@ def train_off_policy(agent_cls: type[OffPolicyAgent], config: OffPolicyConfig, v
                           config.n_step, config.gamma, store_cost=agent_cls.uses_cost, seed=config.seed)
     action_rng = np.random.default_rng(config.seed)
     if checkpoint is not None:
-        agent.load_training_state(checkpoint["agent"])
-        restore_rng_state(checkpoint["rng"], action_rng)
-        buffer.load(run_dir / BUFFER_FILE)
+        if not (run_dir / BUFFER_FILE).is_file():
+            raise FileNotFoundError(f"--resume {run_dir}: {BUFFER_FILE} is missing (it is written with every "
+                                    f"checkpoint); the run cannot continue without its replay buffer.")
+        with restoring(run_dir / CHECKPOINT_FILE):
+            agent.load_training_state(checkpoint["agent"])
+            restore_rng_state(checkpoint["rng"], action_rng)
+        with restoring(run_dir / BUFFER_FILE):
+            buffer.load(run_dir / BUFFER_FILE)
 
     def write_checkpoint() -> None:
         buffer.save(run_dir / BUFFER_FILE)

@@ -279,7 +279,8 @@ def _env_spaces(env_id: str):
 def train_offline(agent_cls: type[OfflineAgent], config: OfflineConfig, validate) -> TrainResult:
     """Update on the dataset, log, evaluate and checkpoint until `total_updates` gradient updates."""
     algo = agent_cls.algo
-    config, run_dir, checkpoint = start_or_resume(config, algo, validate)
+    config, run_dir, checkpoint = start_or_resume(config, algo, validate,
+                                                  checkpoint_keys=("global_step", "agent", "rng", "sampler"))
     set_threads(config.threads)
     seed_everything(config.seed)
     data, info, summary = prepare_dataset(config)

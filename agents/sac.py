@@ -21,6 +21,7 @@ from torch import nn
 
 from keelrl.agents.common import TrainResult, run_cli
 from keelrl.agents.off_policy import (
+    MUJOCO_DISCOUNT,
     OffPolicyAgent,
     OffPolicyConfig,
     build_actor,
@@ -64,16 +65,35 @@ class SAC(OffPolicyAgent):
 
     algo = "sac"
     config_cls = SACConfig
+    # The references' MuJoCo configurations (1000-step episodes, no action repeat). Options not named here
+    # already have the reference's value as keelrl's default: batch 256, buffer 1e6, learning starts 5000
+    # (both repos' configs/buffer/numpy_uniform.yaml:6-9), τ 0.005, 1-step returns, twin critics with the
+    # minimum (critic_use_cdq = env.episodic, true on MuJoCo), actor d 128 × 1 block, critic d 512 × 2 blocks.
+    # Both references update actor and temperature once with every critic update (policy_frequency 1).
     presets = {
-        # Lee et al. 2024 (SimBa): SimBa actor (d 128, 1 block) and critics (d 512, 2 blocks), running
-        # observation normalisation, AdamW lr 1e-4 with weight decay 1e-2, UTD 2, α from 0.01, target entropy −|A|/2
-        "simba": dict(network="simba", normalize_obs=True, optimizer="adamw", weight_decay=1e-2, policy_lr=1e-4,
-                      q_lr=1e-4, utd=2, alpha_init=0.01, target_entropy_scale=-0.5),
-        # Lee et al. 2025 (SimbaV2): hyperspherical networks, C51 critic on 101 atoms in [−5, 5] with scaled
-        # rewards, Adam lr 1e-4 decaying linearly to 5e-5, UTD 2, α from 0.01, target entropy −|A|/2
-        "simbav2": dict(network="simbav2", normalize_obs=True, critic_head="c51", num_bins=101, scale_rewards=True,
-                        optimizer="adam", policy_lr=1e-4, q_lr=1e-4, final_lr_fraction=0.5, utd=2,
-                        alpha_init=0.01, target_entropy_scale=-0.5),
+        # Lee et al. 2024 (SimBa), github.com/SonyResearch/simba:
+        #   configs/agent/sac_simba.yaml:10 normalize_observation (agents/wrappers/normalization.py:32: no clip)
+        #   :13-14,19-20 actor 1 × 128, critic 2 × 512 (keelrl's defaults); :15,21,28 lr 1e-4 actor, critic, temperature;
+        #   :16,22 AdamW weight decay 1e-2 on actor and critic, :29 none on the temperature (SAC never decays it);
+        #   :26 target entropy −|A|/2, :27 initial temperature 0.01, :31 τ 0.005;
+        #   configs/base.yaml:17 γ from the episode-length heuristic (0.995 at 1000 steps), :25 2 updates per step;
+        #   agents/sac/sac_agent.py:198-229 actor, temperature, critic and target each step once per update.
+        # The repo has no MuJoCo env config; its heuristics are applied with MuJoCo's 1000 steps and action repeat 1.
+        "simba": dict(network="simba", normalize_obs=True, obs_clip=None, optimizer="adamw", weight_decay=1e-2,
+                      policy_lr=1e-4, q_lr=1e-4, utd=2, gamma=MUJOCO_DISCOUNT, policy_frequency=1,
+                      alpha_init=0.01, target_entropy_scale=-0.5),
+        # Lee et al. 2025 (SimbaV2), github.com/dojeon-ai/SimbaV2:
+        #   configs/agent/simbaV2.yaml:8 normalize_observation (agents/wrappers/normalization.py:28: no clip),
+        #   :9-10,35,38-39 scaled rewards with G_max 5 and a 101-bin categorical critic on [−5, 5];
+        #   :17-18 Adam (agents/simbaV2/simbaV2_agent.py:114,157,183, no weight decay) lr 1e-4 → 5e-5 linearly,
+        #   for actor, critic and temperature; :22-23,32-33 actor 1 × 128, critic 2 × 512 (keelrl's defaults);
+        #   :43 τ 0.005; :45 initial temperature 0.01; :47 target entropy −|A|/2;
+        #   configs/online_rl.yaml:20 γ from the episode-length heuristic, :28 updates per interaction step =
+        #   action_repeat, with configs/env/mujoco.yaml:13 action_repeat 1, :15 max_episode_steps 1000: γ 0.995, UTD 1;
+        #   agents/simbaV2/simbaV2_agent.py:247-282 actor, temperature, critic and target each step once per update.
+        "simbav2": dict(network="simbav2", normalize_obs=True, obs_clip=None, critic_head="c51", num_bins=101,
+                        scale_rewards=True, optimizer="adam", policy_lr=1e-4, q_lr=1e-4, final_lr_fraction=0.5,
+                        utd=1, gamma=MUJOCO_DISCOUNT, policy_frequency=1, alpha_init=0.01, target_entropy_scale=-0.5),
     }
 
     def __init__(self, obs_dim: int, action_low: np.ndarray, action_high: np.ndarray, config: SACConfig):
@@ -86,7 +106,7 @@ class SAC(OffPolicyAgent):
                           "critic": (list(self.critic.parameters()), config.q_lr)}
         if config.autotune:
             learning_rates["alpha"] = ([self.log_alpha], config.q_lr)
-        self.set_optimizers(learning_rates)
+        self.set_optimizers(learning_rates, no_weight_decay=("alpha",))  # decay would pull log α to 0 (α to 1)
         self._critic_params = list(self.critic.parameters())
         self._target_params = list(self.critic_target.parameters())
         self._critic_loss, self._actor_loss = self.compiled(self.critic_loss), self.compiled(self.actor_loss)

@@ -8,7 +8,9 @@ The algorithm, top to bottom (SAC's parts come from agents/sac.py, the cost side
 - a cost critic ensemble regresses onto c + γ(1 − terminated) Q_c,target(s', a'), a' ~ π(·|s'), and its
   target follows by Polyak averaging after every step;
 - the actor descends (α log π(a|s) − min Q_r(s, a) + λ Q_c(s, a)) / (1 + λ), a ~ π(·|s);
-- λ >= 0 follows episode cost − `cost_limit` after each finished training episode (gradient or PID).
+- λ >= 0 steps on (mean cost − `cost_limit`) of the training episodes that end at a vector-env step,
+  once per such step and never on the gradient updates in between (gradient or PID; agents/lagrange.py
+  gives the exact rule and how it differs from OmniSafe's).
 The task must report `info["cost"]` (keelrl/Safe*Velocity-v1, or an env in keelrl.envs.CostWrapper).
 """
 

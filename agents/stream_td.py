@@ -141,6 +141,11 @@ class StreamTD(StreamAgent):
             return int(self.rng.integers(self.action_space.n))
         return self.rng.uniform(self.action_space.low, self.action_space.high).astype(np.float32)
 
+    def start_episode(self) -> None:
+        """Reset the traces, and drop the predictions and rewards kept for an unfinished episode's RMSE."""
+        super().start_episode()
+        self._episode_values, self._episode_rewards = [], []
+
     @torch.no_grad()
     def predict(self, obs: np.ndarray) -> float:
         """V(s) for one normalised observation."""

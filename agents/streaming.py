@@ -34,6 +34,7 @@ from keelrl.agents.common import (
     new_run_dir,
     progress_bar,
     restore_rng_state,
+    restoring,
     rng_state,
     save_checkpoint,
     save_config,
@@ -188,6 +189,13 @@ class StreamAgent(nn.Module):
         """Returns and costs of evaluation episodes, and any other scalars to log about them."""
         return *evaluate(self, env_id, episodes, seed), {}
 
+    def start_episode(self) -> None:
+        """Forget what belongs to the episode before: every optimiser's eligibility trace (stream Q's
+        Watkins trace is that trace). `step_optimizers(delta, reset=True)` does this at each episode
+        end; the training loop also calls it when a resumed run restarts its env mid-episode."""
+        for optimizer in self.optimizers.values():
+            optimizer.reset_trace()
+
     def step_optimizers(self, delta: float, reset: bool) -> dict[str, float]:
         """Step every ObGD optimiser with TD error `delta` (after a backward pass), then clear gradients."""
         step_sizes = {}
@@ -274,10 +282,14 @@ def train_streaming(agent_cls: type[StreamAgent], config: StreamConfig, validate
     """Act, step, update on the one transition, log, evaluate and checkpoint until `total_timesteps`.
 
     A resumed run starts a fresh episode (the env is reseeded from the step it resumes at), so
-    its eligibility traces and return trace start from zero, as after any episode end.
+    everything that belongs to one episode starts from zero, as after any episode end, even when
+    the checkpoint was written mid-episode: the agent's eligibility traces (`start_episode`), the
+    reward scaler's return trace and the time feature (both reset by `env.reset`). The normalisers'
+    statistics, adaptive ObGD's second moments and the update count carry on.
     """
     algo = agent_cls.algo
-    config, run_dir, checkpoint = start_or_resume(config, algo, validate)
+    config, run_dir, checkpoint = start_or_resume(config, algo, validate,
+                                                  checkpoint_keys=("global_step", "agent", "env", "rng"))
     set_threads(config.threads)
     seed_everything(config.seed)
     global_step = 0 if checkpoint is None else checkpoint["global_step"]
@@ -293,9 +305,10 @@ def train_streaming(agent_cls: type[StreamAgent], config: StreamConfig, validate
         run_dir = new_run_dir(config.runs_dir, config.env_id, algo, config.seed)
         save_config(run_dir, algo, config)
     if checkpoint is not None:
-        agent.load_training_state(checkpoint["agent"])
-        load_stream_env_state(env, checkpoint["env"])
-        restore_rng_state(checkpoint["rng"], agent.rng)
+        with restoring(run_dir / CHECKPOINT_FILE):
+            agent.load_training_state(checkpoint["agent"])
+            load_stream_env_state(env, checkpoint["env"])
+            restore_rng_state(checkpoint["rng"], agent.rng)
 
     def write_checkpoint() -> None:
         save_checkpoint(run_dir / CHECKPOINT_FILE, {"algo": algo, "global_step": global_step,
@@ -314,6 +327,7 @@ def train_streaming(agent_cls: type[StreamAgent], config: StreamConfig, validate
     start_time, start_step = time.perf_counter(), global_step
     recent_return, episode_cost, losses = float("nan"), 0.0, {}
     obs, _ = env.reset(seed=config.seed + global_step)
+    agent.start_episode()  # a checkpoint's mid-episode traces do not belong to this new episode
     try:
         while global_step < config.total_timesteps:
             action = agent.act(obs)

@@ -8,7 +8,9 @@ The algorithm, top to bottom (TD3's parts come from agents/td3.py, the cost side
 - a cost critic ensemble regresses onto c + γ(1 − terminated) Q_c,target(s', ã'), ã' the target
   actor's action with the same clipped smoothing noise; its target follows after every step;
 - every `policy_frequency` updates the actor descends (−Q1_r(s, π(s)) + λ Q_c(s, π(s))) / (1 + λ);
-- λ >= 0 follows episode cost − `cost_limit` after each finished training episode (gradient or PID).
+- λ >= 0 steps on (mean cost − `cost_limit`) of the training episodes that end at a vector-env step,
+  once per such step and never on the gradient updates in between (gradient or PID; agents/lagrange.py
+  gives the exact rule and how it differs from OmniSafe's).
 The task must report `info["cost"]` (keelrl/Safe*Velocity-v1, or an env in keelrl.envs.CostWrapper).
 """
 

@@ -1,11 +1,19 @@
 """Leaderboard statistics: figures of one run from its CSV logs, mean ± std over seeds, and the
 interquartile mean (IQM) with a stratified-bootstrap confidence interval across tasks and seeds.
 
-IQM (Agarwal et al. 2021, "Deep RL at the edge of the statistical precipice"): pool every run's score,
-drop the lowest and the highest quarter (floor(n/4) scores each side, as scipy's
-`trim_mean(x, 0.25)` and rliable do) and average the rest. Its confidence interval comes from a
-stratified bootstrap: each resample redraws the runs of every task with replacement, within that
-task, so each task keeps its weight; the interval is the percentile interval of the resampled IQMs.
+IQM (Agarwal et al. 2021, "Deep RL at the edge of the statistical precipice", as rliable computes it):
+pool every run's *normalised score* over the tasks, drop the lowest and the highest quarter
+(floor(n/4) scores each side, as scipy's `trim_mean(x, 0.25)` and rliable do) and average the rest.
+Its confidence interval comes from a stratified bootstrap: each resample redraws the runs of every
+task with replacement, within that task, so each task keeps its weight; the interval is the
+percentile interval of the resampled IQMs.
+
+Raw returns are never pooled across tasks (their scales differ by orders of magnitude): an agent
+entry gets an IQM only when every one of its tasks has a declared score range (reference_scores)
+and at least one finished run, and every finished run has a normalised score. Otherwise it gets
+none, with the reason ("no IQM: Swimmer-v5 has no declared score range"). A run counts as finished
+when it is done and has a final evaluation; the others (failed, unfinished, unavailable, done
+without an evaluation) are counted and shown, never averaged in.
 """
 
 from __future__ import annotations
@@ -16,11 +24,15 @@ from pathlib import Path
 
 import numpy as np
 
-from keelrl.benchmarks.reference_scores import normalized_score
+from keelrl.benchmarks.reference_scores import normalized_score, score_source
 
 LAST_EPISODES = 10
 NORMALIZED_COLUMNS = ("normalized_score", "normalised_score")
 OFFLINE_SCORE_TAG = "eval/normalized_score"
+FINISHED = "finished"
+NO_FINAL_EVAL = "no final evaluation"
+NOT_FINISHED = ("failed", NO_FINAL_EVAL, "unfinished", "unavailable")
+"""the outcomes of a run that is not finished, in the order the tables list them"""
 
 
 @dataclasses.dataclass
@@ -128,6 +140,21 @@ def stratified_bootstrap_ci(
     return float(low), float(high)
 
 
+def run_outcome(result: RunResult) -> str:
+    """'finished' (done, with a final evaluation), 'no final evaluation' (done, but eval.csv has no row),
+    or the run's status (failed, unfinished, unavailable)."""
+    if result.status == "done":
+        return FINISHED if np.isfinite(result.final_return) else NO_FINAL_EVAL
+    return result.status
+
+
+def outcome_counts(runs: list[RunResult]) -> str:
+    """The runs that are not finished, counted by outcome: '1 failed, 2 unfinished' ('' when all finished)."""
+    outcomes = [run_outcome(r) for r in runs]
+    kinds = [*NOT_FINISHED, *sorted(set(outcomes) - {FINISHED, *NOT_FINISHED})]
+    return ", ".join(f"{outcomes.count(kind)} {kind}" for kind in kinds if kind in outcomes)
+
+
 def _mean_std(values: list[float]) -> tuple[float, float]:
     finite = np.asarray([v for v in values if np.isfinite(v)], dtype=np.float64)
     if finite.size == 0:
@@ -145,7 +172,12 @@ class CellSummary:
     task: str
     budget: int
     seeds_done: int
+    """finished runs (done, with a final evaluation): the means are over these"""
     seeds_planned: int
+    seeds_failed: int
+    """runs whose agent process failed"""
+    not_finished: str
+    """the other runs by outcome, e.g. '1 failed, 1 no final evaluation' ('' when every run finished)"""
     return_mean: float
     return_std: float
     cost_mean: float
@@ -165,11 +197,12 @@ def summarize_cells(results: list[RunResult]) -> list[CellSummary]:
         groups.setdefault((result.family, result.label, result.task), []).append(result)
     summaries = []
     for (family, label, task), runs in groups.items():
-        done = [r for r in runs if r.status == "done"]
+        done = [r for r in runs if run_outcome(r) == FINISHED]
         pairs = [_mean_std([getattr(r, name) for r in done])
                  for name in ("final_return", "final_cost", "score", "last_train_return")]
         summaries.append(CellSummary(
             family, label, runs[0].agent, task, runs[0].budget, len(done), len(runs),
+            sum(r.status == "failed" for r in runs), outcome_counts(runs),
             *pairs[0], *pairs[1], *pairs[2], *pairs[3],
             _mean_std([r.sps for r in done])[0], _mean_std([r.wall_s for r in done])[0],
         ))
@@ -178,32 +211,56 @@ def summarize_cells(results: list[RunResult]) -> list[CellSummary]:
 
 @dataclasses.dataclass
 class AgentIQM:
-    """IQM of one agent entry over every finished run of a family, with its bootstrap interval."""
+    """IQM of one agent entry's normalised scores over its finished runs of every task, with its bootstrap
+    interval; or none (NaN), with the reason in `no_iqm`."""
 
     family: str
     label: str
-    metric: str
-    """'normalised score' when every run has one, else 'raw return'"""
     iqm: float
+    """IQM of the normalised scores (NaN when there is none)"""
     ci_low: float
     ci_high: float
     runs: int
+    """finished runs the IQM covers (0 when there is none)"""
+    runs_planned: int
+    """runs of this agent entry in the grid"""
+    not_finished: str
+    """the other runs by outcome, e.g. '1 failed' ('' when every run finished)"""
     tasks: int
+    no_iqm: str = ""
+    """why there is no IQM, e.g. 'no IQM: Ant-v5 has no declared score range' ('' when there is one)"""
 
 
 def iqm_by_agent(results: list[RunResult], reps: int = 10_000, seed: int = 0) -> list[AgentIQM]:
-    """Per (family, agent entry): IQM and stratified-bootstrap 95% CI across tasks and seeds."""
+    """Per (family, agent entry): IQM and stratified-bootstrap 95% CI of the normalised score across tasks
+    and seeds, or the reason there is none. Never an aggregate of raw returns."""
     groups: dict[tuple[str, str], dict[str, list[RunResult]]] = {}
     for result in results:
-        if result.status == "done":
-            groups.setdefault((result.family, result.label), {}).setdefault(result.task, []).append(result)
+        groups.setdefault((result.family, result.label), {}).setdefault(result.task, []).append(result)
     table = []
     for (family, label), by_task in groups.items():
-        normalised = all(np.isfinite(r.score) for runs in by_task.values() for r in runs)
-        field = "score" if normalised else "final_return"
-        scores_by_task = [np.array([getattr(r, field) for r in runs]) for runs in by_task.values()]
-        low, high = stratified_bootstrap_ci(scores_by_task, reps=reps, seed=seed)
-        table.append(AgentIQM(family, label, "normalised score" if normalised else "raw return",
-                              iqm(np.concatenate(scores_by_task)), low, high,
-                              sum(len(s) for s in scores_by_task), len(scores_by_task)))
+        runs = [r for task_runs in by_task.values() for r in task_runs]
+        finished = {task: [r for r in task_runs if run_outcome(r) == FINISHED] for task, task_runs in by_task.items()}
+        reasons = []
+        for task, task_runs in finished.items():
+            if score_source(family, task) is None:
+                reasons.append(f"{task} has no declared score range")
+            elif not task_runs:
+                reasons.append(f"{task} has no finished run")
+            else:
+                unscored = sum(not np.isfinite(r.score) for r in task_runs)
+                if unscored:
+                    reasons.append(f"{unscored} of the {len(task_runs)} finished runs on {task} have no normalised "
+                                   "score")
+        entry = AgentIQM(family, label, float("nan"), float("nan"), float("nan"), 0, len(runs), outcome_counts(runs),
+                         len(by_task))
+        if reasons:
+            entry.no_iqm = "no IQM: " + "; ".join(reasons)
+        else:
+            scores_by_task = [np.array([r.score for r in task_runs], dtype=np.float64)
+                              for task_runs in finished.values()]
+            entry.iqm = iqm(np.concatenate(scores_by_task))
+            entry.ci_low, entry.ci_high = stratified_bootstrap_ci(scores_by_task, reps=reps, seed=seed)
+            entry.runs = sum(len(scores) for scores in scores_by_task)
+        table.append(entry)
     return table

@@ -553,7 +553,7 @@ def main(argv: list[str] | None = None) -> int:
         header += runs_provenance([cell for grid in grids for cell in expand(grid, Path(args.runs_dir))], invocation)
         header += [f"Note: {args.note}"] if args.note else []
         header += [grid.description for grid in grids if grid.description]
-        for path in write_report(Path(args.out_dir), name, results, header, args.bootstrap_reps):
+        for path in write_report(Path(args.out_dir), name, results, header, args.bootstrap_reps, Path(args.runs_dir)):
             print(f"wrote {path}")
     except (ValueError, FileNotFoundError) as err:
         print(f"error: {err}", file=sys.stderr)

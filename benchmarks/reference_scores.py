@@ -130,14 +130,53 @@ def _published_scores() -> list[PublishedScore]:
 
 PUBLISHED: list[PublishedScore] = _published_scores()
 
-D4RL_SOURCE = "D4RL reference returns (random policy, expert policy)"
+# Score ranges: normalised score = 100 · (return − low) / (high − low). `low` is a random policy's return
+# (or the lowest return the task allows), `high` a reference agent's return (or the highest the task
+# allows). A task is only ever aggregated across tasks (IQM) through this score; a task with no range
+# here gets no cross-task aggregate (aggregate.iqm_by_agent says so on the page). Every number below
+# is copied from the source named beside it; a range that cannot be sourced is not declared.
+D4RL_SOURCE = ("D4RL's reference returns (random policy, expert policy: REF_MIN_SCORE / REF_MAX_SCORE in "
+               "d4rl/infos.py of Farama-Foundation/D4RL), measured on gym's v2 MuJoCo envs")
+SIMBAV2_SOURCE = ("SimbaV2's TD3 normalisation (random policy, TD3 after 1M steps: MUJOCO_RANDOM_SCORE / "
+                  "MUJOCO_TD3_SCORE in scale_rl/envs/mujoco.py of dojeon-ai/SimbaV2), measured on the v4 envs")
+RLVR_SOURCE = ("the reward's own bounds: each keelrl.envs.rlvr_tasks verifier scores a completion 1.0 (correct) "
+               "or 0.0, so held-out greedy accuracy lies in [0, 1]")
 SCORE_RANGES: dict[str, ScoreRange] = {
+    # D4RL's numbers for the three robots keelrl also makes offline datasets for (buffers/offline.py uses the
+    # same ones). Their v2 random returns lie within 40 of the v4 ones SimbaV2 measured (-20.3 / 18.8,
+    # -280.2 / -289.4, 1.6 / 2.8); their experts sit 0-16% above SimbaV2's TD3 (3234 / 3226, 12135 / 10574,
+    # 4592 / 3946), so 100 means about the same (a strong 1M-step agent) under both.
     "hopper": ScoreRange("hopper", -20.272305, 3234.3, D4RL_SOURCE),
     "halfcheetah": ScoreRange("halfcheetah", -280.178953, 12135.0, D4RL_SOURCE),
     "walker2d": ScoreRange("walker2d", 1.629008, 4592.3, D4RL_SOURCE),
+    # Ant: SimbaV2's v4 numbers rather than D4RL's (-325.6 / 3879.7): D4RL's Ant-v2 (contact forces in its
+    # observation) has a random return far from v4's (-325.6 / -70.3). Humanoid: D4RL has none.
+    "ant": ScoreRange("ant", -70.288, 3942.0, SIMBAV2_SOURCE),
+    "humanoid": ScoreRange("humanoid", 120.423, 5165.0, SIMBAV2_SOURCE),
     "invertedpendulum": ScoreRange("invertedpendulum", 0.0, 1000.0,
-                                   "the env's own range: reward 1 per step, at most 1000 steps"),
+                                   "the env's own bounds: gymnasium's InvertedPendulum gives +1 per step the pole "
+                                   "stays up and ends at 1000 steps, its max_episode_steps"),
+    "cartpole": ScoreRange("cartpole", 0.0, 500.0,
+                           "the env's own bounds: gymnasium's CartPole-v1 gives +1 per step and ends at 500 steps, "
+                           "its max_episode_steps"),
+    **{task: ScoreRange(task, 0.0, 1.0, RLVR_SOURCE) for task in ("add", "chain", "sort", "countdown")},
 }
+
+SAFE_VELOCITY_REASON = (
+    "a velocity-constrained task: a score from the return alone ignores the cost limit (an agent that ignores the "
+    "constraint would rank best), and no published (random, reference) returns of the constrained task are known "
+    "to keelrl (REFERENCES.md gives OmniSafe's reward / cost pairs only)")
+NO_RANGE_REASONS: dict[str, str] = {
+    task: SAFE_VELOCITY_REASON for task in (
+        "safehoppervelocity", "safehalfcheetahvelocity", "safewalker2dvelocity", "safeantvelocity",
+        "safehumanoidvelocity", "safeswimmervelocity")
+}
+"""Tasks deliberately left without a score range, and why."""
+
+OFFLINE_SCORE_SOURCE = (
+    "the dataset's own reference returns (ref_min_score: a random policy's, ref_max_score: the expert's, recorded "
+    "in its metadata by keelrl.benchmarks.make_datasets; D4RL's for hopper, halfcheetah and walker2d when a "
+    "dataset records none), as the offline agent logs it (eval/normalized_score)")
 
 
 def task_key(task_id: str) -> str:
@@ -157,6 +196,21 @@ def score_range(task_id: str) -> ScoreRange | None:
     """The normalisation range of a task: its own entry, else its robot's ('hopper-medium' -> 'hopper')."""
     key = task_key(task_id)
     return SCORE_RANGES.get(key) or SCORE_RANGES.get(key.split("-")[0])
+
+
+def score_source(family: str, task_id: str) -> str | None:
+    """Where a task's normalised score comes from (None: it has none, and gets no cross-task aggregate).
+    Offline tasks are scored by the agent with its dataset's reference returns; others with `score_range`."""
+    if family == "offline":
+        return OFFLINE_SCORE_SOURCE
+    bounds = score_range(task_id)
+    return None if bounds is None else f"low {bounds.low:g}, high {bounds.high:g} ({bounds.source})"
+
+
+def no_range_reason(task_id: str) -> str:
+    """Why a task has no declared score range."""
+    return NO_RANGE_REASONS.get(
+        task_key(task_id), "no sourced (random, reference) returns are recorded in keelrl.benchmarks.reference_scores")
 
 
 def normalized_score(task_id: str, value: float) -> float:

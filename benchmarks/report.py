@@ -14,14 +14,17 @@ from pathlib import Path
 import numpy as np
 
 from keelrl.benchmarks.aggregate import (
+    FINISHED,
     LAST_EPISODES,
+    NO_FINAL_EVAL,
     AgentIQM,
     CellSummary,
     RunResult,
     iqm_by_agent,
+    run_outcome,
     summarize_cells,
 )
-from keelrl.benchmarks.reference_scores import PublishedScore, published_for, score_range
+from keelrl.benchmarks.reference_scores import PublishedScore, no_range_reason, published_for, score_range, score_source
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 BUDGET_UNITS = {"offline": "gradient updates", "rlvr": "iterations"}  # other families: environment steps
@@ -110,23 +113,42 @@ def _published_cell(cell: CellSummary, sources: _Sources) -> tuple[str, str]:
     return "<br>".join(values), "<br>".join(budgets)
 
 
+def _count_text(done: int, planned: int, not_finished: str) -> str:
+    """'3/3', or '2/3 (1 failed)': finished runs of those planned, and what became of the others."""
+    return f"{done}/{planned}" + (f" ({not_finished})" if not_finished else "")
+
+
+def _iqm_row(entry: AgentIQM) -> str:
+    runs = f"{entry.runs} of {entry.runs_planned}" + (f" ({entry.not_finished})" if entry.not_finished else "")
+    if entry.no_iqm:
+        return f"| {entry.label} | {entry.no_iqm} | – | {runs} | {entry.tasks} |"
+    return f"| {entry.label} | {entry.iqm:.1f} | [{entry.ci_low:.1f}, {entry.ci_high:.1f}] | {runs} | {entry.tasks} |"
+
+
 def family_table(family: str, cells: list[CellSummary], iqms: list[AgentIQM], results: list[RunResult]) -> list[str]:
-    """The Markdown section of one family: per-cell table, IQM table, curves, cells not finished."""
+    """The Markdown section of one family: per-cell table, IQM table, curves, runs not finished."""
     sources = _Sources()
     safe = family == "safe"
     normalised = any(np.isfinite(c.score_mean) for c in cells)
-    header = ["agent", "task", "budget", "seeds", RETURN_NAMES.get(family, "final eval return")]
+    header = ["agent", "task", "budget", "seeds finished", RETURN_NAMES.get(family, "final eval return")]
     header += ["final eval cost"] if safe else []
     header += ["normalised score"] if normalised else []
     header += [f"last {LAST_EPISODES} training episodes", "steps/s", "wall min/run", "published", "published budget"]
     unit = BUDGET_UNITS.get(family, "environment steps")
-    lines = [f"## {family}", "", f"Budget in {unit}; steps/s counts the same unit.", "",
+    lines = [f"## {family}", "", f"Budget in {unit}; steps/s counts the same unit. \"seeds finished\": runs done "
+             "with a final evaluation, of those the grid plans; the means are over those runs only.", "",
              "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for cell in cells:
-        row = [cell.label, cell.task, steps_text(cell.budget), f"{cell.seeds_done}/{cell.seeds_planned}",
-               _pm(cell.return_mean, cell.return_std)]
+        if cell.seeds_done == 0:  # nothing to average: say what happened instead of a blank
+            result = "**failed**" if cell.seeds_failed else "**missing**"
+        else:
+            result = _pm(cell.return_mean, cell.return_std)
+        row = [cell.label, cell.task, steps_text(cell.budget),
+               _count_text(cell.seeds_done, cell.seeds_planned, cell.not_finished), result]
         row += [_pm(cell.cost_mean, cell.cost_std)] if safe else []
-        row += [_pm(cell.score_mean, cell.score_std)] if normalised else []
+        if normalised:
+            no_range = np.isnan(cell.score_mean) and score_source(family, cell.task) is None
+            row += ["no declared range" if no_range else _pm(cell.score_mean, cell.score_std)]
         row += [_pm(cell.last_train_mean, cell.last_train_std),
                 _rate(cell.sps_mean),
                 f"{cell.wall_s_mean / 60:.1f}" if np.isfinite(cell.wall_s_mean) else "–",
@@ -134,7 +156,9 @@ def family_table(family: str, cells: list[CellSummary], iqms: list[AgentIQM], re
         lines.append("| " + " | ".join(row) + " |")
     lines += ["", "Published sources:" if sources.entries else "No published figure matches these agents and tasks."]
     lines += [f"{i}. {entry}" for i, entry in enumerate(sources.entries, 1)]
-    ranges = {score_range(c.task) for c in cells} - {None}
+    tasks = list(dict.fromkeys(c.task for c in cells))
+    ranges = {score_range(task) for task in tasks} - {None}
+    undeclared = [task for task in tasks if score_source(family, task) is None]
     if safe:
         lines += ["", "Cost: mean episode cost of the final evaluation (the Lagrangian agents' default limit is 25, "
                   "OmniSafe's; see each run's config.json for the limit it used)."]
@@ -145,17 +169,28 @@ def family_table(family: str, cells: list[CellSummary], iqms: list[AgentIQM], re
     elif ranges:
         lines += ["", "Normalised score = 100 · (return − low) / (high − low); "
                   + "; ".join(f"{r.task}: low {r.low:g}, high {r.high:g} ({r.source})" for r in sorted(ranges, key=str))
-                  + ". An agent that reports its own normalised score in eval.csv is taken at its word."]
+                  + ". An agent that reports its own normalised score in eval.csv is taken at its word in the table "
+                    "above (not in the IQM, which needs a declared range)."]
+    if undeclared:
+        by_reason: dict[str, list[str]] = {}
+        for task in undeclared:
+            by_reason.setdefault(no_range_reason(task), []).append(task)
+        lines += ["", "No declared score range (no normalised score, and no IQM for the agents that run them): "
+                  + "; ".join(f"{', '.join(tasks)}: {reason}" for reason, tasks in by_reason.items()) + "."]
     if iqms:
-        lines += ["", "Interquartile mean over every finished run of the family (tasks × seeds pooled), with a "
-                  "stratified-bootstrap 95% confidence interval:", "",
-                  "| agent | metric | IQM | 95% CI | runs | tasks |", "|---|---|---|---|---|---|"]
-        lines += [f"| {a.label} | {a.metric} | {a.iqm:.1f} | [{a.ci_low:.1f}, {a.ci_high:.1f}] | {a.runs} | {a.tasks} |"
-                  for a in iqms]
-    not_done = [r for r in results if r.status != "done"]
+        lines += ["", "Interquartile mean (IQM) of the normalised score over each agent's finished runs, tasks × "
+                  "seeds pooled (rliable's IQM), with a stratified-bootstrap 95% confidence interval (runs resampled "
+                  "within each task). Raw returns are never pooled across tasks: an agent with a task that has no "
+                  "declared score range, or no finished run, gets no IQM.", "",
+                  "| agent | IQM (normalised score) | 95% CI | runs covered | tasks |", "|---|---|---|---|---|"]
+        lines += [_iqm_row(entry) for entry in iqms]
+    not_done = [r for r in results if run_outcome(r) != FINISHED]
     if not_done:
-        lines += ["", "Cells without a finished run:"]
-        lines += [f"- {r.label} {r.task} seed {r.seed}: {r.status}" for r in not_done]
+        lines += ["", "Runs not finished (left out of the means and the IQM):"]
+        lines += [f"- {r.label} {r.task} seed {r.seed}: "
+                  + ("done, but no final evaluation (eval.csv has no row)" if run_outcome(r) == NO_FINAL_EVAL
+                     else r.status)
+                  for r in not_done]
     return lines
 
 
@@ -221,9 +256,14 @@ def _write_rows(path: Path, rows: list[dict]) -> None:
         writer.writerows(rows)
 
 
-def write_csvs(out_dir: Path, name: str, results: list[RunResult], reps: int) -> None:
-    """{name}_runs.csv (every run), _cells.csv (mean ± std per cell), _iqm.csv, _curves.csv (every evaluation)."""
-    runs = [{**{k: v for k, v in dataclasses.asdict(r).items() if k != "curve"}, "sps": r.sps} for r in results]
+def write_csvs(out_dir: Path, name: str, results: list[RunResult], reps: int, runs_dir: Path | None = None) -> None:
+    """{name}_runs.csv (every run), _cells.csv (mean ± std per cell), _iqm.csv, _curves.csv (every evaluation).
+
+    Run directories are written relative to `runs_dir` (the leaderboard's --runs-dir), so that no
+    committed table holds a path of the machine the runs were made on.
+    """
+    runs = [{**{k: v for k, v in dataclasses.asdict(r).items() if k != "curve"}, "sps": r.sps,
+             "run_dir": _relative_run_dir(r.run_dir, runs_dir)} for r in results]
     _write_rows(out_dir / f"{name}_runs.csv", runs)
     _write_rows(out_dir / f"{name}_cells.csv", [dataclasses.asdict(c) for c in summarize_cells(results)])
     _write_rows(out_dir / f"{name}_iqm.csv", [dataclasses.asdict(a) for a in iqm_by_agent(results, reps=reps)])
@@ -232,12 +272,20 @@ def write_csvs(out_dir: Path, name: str, results: list[RunResult], reps: int) ->
         for r in results for step, value in r.curve])
 
 
-def write_report(out_dir: Path, name: str, results: list[RunResult], header: list[str], reps: int) -> list[Path]:
+def _relative_run_dir(run_dir: str, runs_dir: Path | None) -> str:
+    if not run_dir or runs_dir is None:
+        return run_dir
+    path, root = Path(run_dir).resolve(), Path(runs_dir).resolve()
+    return str(path.relative_to(root)) if path.is_relative_to(root) else run_dir
+
+
+def write_report(out_dir: Path, name: str, results: list[RunResult], header: list[str], reps: int,
+                 runs_dir: Path | None = None) -> list[Path]:
     """Markdown, PNGs and CSVs of the results under out_dir; the paths written."""
     out_dir.mkdir(parents=True, exist_ok=True)
     header = [*header, *machine_description(), f"Generated: {time.strftime('%Y-%m-%d %H:%M %Z')}"]
     write_markdown(out_dir / f"{name}.md", name, header, results, reps)
-    write_csvs(out_dir, name, results, reps)
+    write_csvs(out_dir, name, results, reps, runs_dir)
     for family in dict.fromkeys(r.family for r in results):
         family_results = [r for r in results if r.family == family]
         if any(r.curve for r in family_results):

@@ -2,26 +2,46 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 import torch
 from torch import nn
 
 
 class RunningObsNorm(nn.Module):
-    """(x − mean) / sqrt(var + eps), clipped, with statistics updated explicitly by `update`.
+    """Observations standardised by mean and variance, with statistics updated explicitly by `update`.
 
-    Agents call `update` on the observations they act on while training (never on replayed
-    batches), and `forward` wherever observations enter a network. Statistics are float64
-    buffers merged batch by batch (Chan et al.), so they are saved with the model.
+    Two placements of the stabilising epsilon, as the reference implementations do:
+
+    - `eps_on="var"`: (x − mean) / sqrt(var + eps). SimBa and SimbaV2 (their `ObservationNormalizer`,
+      scale_rl/agents/wrappers/normalization.py) with eps 1e-8, streamed over the observations acted on,
+      no clipping.
+    - `eps_on="std"`: (x − mean) / (std + eps). CORL and RIQL (`compute_mean_std(..., eps=1e-3)` adds eps
+      to the dataset's standard deviation) with eps 1e-3, fitted once on a dataset, no clipping.
+
+    `clip` bounds the result to ±clip (None: no bound). The variance is the population variance
+    (numpy's `var(0)`, `std(0)`). Agents call `update` on the observations they act on while training
+    (never on replayed batches), or once on a dataset, and `forward` wherever observations enter a
+    network. Statistics are float64 buffers merged batch by batch (Chan et al.), so they are saved with
+    the model; the options are not (the owner rebuilds the normaliser from its config).
     """
 
-    def __init__(self, shape: int | tuple[int, ...], clip: float = 10.0, eps: float = 1e-8):
+    def __init__(self, shape: int | tuple[int, ...], clip: float | None = 10.0, eps: float = 1e-8,
+                 eps_on: Literal["var", "std"] = "var"):
         super().__init__()
+        if clip is not None and not clip > 0:
+            raise ValueError(f"The observation clip must be positive (or None for no clipping), got {clip}.")
+        if not eps >= 0:
+            raise ValueError(f"The normaliser's eps must be non-negative, got {eps}.")
+        if eps_on not in ("var", "std"):
+            raise ValueError(f"eps_on must be 'var' (sqrt(var + eps)) or 'std' (std + eps), got {eps_on!r}.")
         shape = (shape,) if isinstance(shape, int) else tuple(shape)
         self.register_buffer("mean", torch.zeros(shape, dtype=torch.float64))
         self.register_buffer("var", torch.ones(shape, dtype=torch.float64))
         self.register_buffer("count", torch.zeros((), dtype=torch.float64))
         self.clip = clip
         self.eps = eps
+        self.eps_on = eps_on
 
     @torch.no_grad()
     def update(self, batch: torch.Tensor) -> None:
@@ -37,5 +57,12 @@ class RunningObsNorm(nn.Module):
         self.count.copy_(total)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        scaled = (x - self.mean.to(x.dtype)) * torch.rsqrt(self.var.to(x.dtype) + self.eps)
-        return scaled.clamp(-self.clip, self.clip)
+        var = self.var.to(x.dtype)
+        if self.eps_on == "var":
+            scaled = (x - self.mean.to(x.dtype)) * torch.rsqrt(var + self.eps)
+        else:
+            scaled = (x - self.mean.to(x.dtype)) / (torch.sqrt(var) + self.eps)
+        return scaled if self.clip is None else scaled.clamp(-self.clip, self.clip)
+
+    def extra_repr(self) -> str:
+        return f"shape={tuple(self.mean.shape)}, clip={self.clip}, eps={self.eps}, eps_on={self.eps_on!r}"

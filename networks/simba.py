@@ -4,8 +4,9 @@
 
 The observation normaliser is the agent's `RunningObsNorm` (networks/normalization.py): one set of
 statistics shared by actor and critic, updated only on the observations the agent acts on while
-training, applied before observations enter these networks. It stays out of the networks so that
-actor, critic and target critic never hold diverging copies of the statistics.
+training, applied before observations enter these networks as (obs − mean) / sqrt(var + 1e-8),
+unclipped, as in the reference code (scale_rl/agents/wrappers/normalization.py). It stays out of the
+networks so that actor, critic and target critic never hold diverging copies of the statistics.
 
 Initialisation follows the reference code (github.com/dojeon-ai/SimbaV2, scale_rl/agents/simba):
 orthogonal (gain 1) embedding and output layers, He-normal residual-block layers, zero biases.

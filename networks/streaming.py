@@ -57,8 +57,8 @@ class ObGD:
 
     Usage: `f.backward()` (f the quantity whose gradient feeds the trace), then
     `step(delta, reset)`, then `zero_grad()`. With `adaptive=True` each coordinate of the trace is
-    divided by the root of a bias-corrected running mean of (δe)² (decay `beta2`), as RMSProp does,
-    before the bound and the step (the paper's adaptive ObGD).
+    divided by sqrt(v̂ + eps), v̂ a bias-corrected running mean of (δe)² (decay `beta2`), as RMSProp
+    does, before the bound and the step (the paper's adaptive ObGD).
 
     For speed the optimiser keeps one flat buffer each for the parameters, their gradients and
     the trace: every parameter and its `.grad` become views into the first two (build the
@@ -101,10 +101,13 @@ class ObGD:
         return step_size
 
     def _adaptive_direction(self, delta: float) -> torch.Tensor:
-        """e / (sqrt(v̂) + eps), v the running mean of (δe)², v̂ its bias-corrected value."""
+        """e / sqrt(v̂ + eps): v ← β₂v + (1 − β₂)(δe)², v̂ = v / (1 − β₂ⁿ) after n steps.
+
+        eps sits inside the root, as in stream-x's adaptive ObGD: where v̂ is far below eps a
+        coordinate is divided by about sqrt(eps), not by eps."""
         self.second_moment.lerp_((delta * self.trace).square_(), 1.0 - self.beta2)
         bias_correction = 1.0 - self.beta2**self.num_steps
-        return self.trace / (self.second_moment / bias_correction).sqrt_().add_(self.eps)
+        return self.trace / (self.second_moment / bias_correction).add_(self.eps).sqrt_()
 
     def reset_trace(self) -> None:
         self.trace.zero_()

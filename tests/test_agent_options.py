@@ -1,6 +1,8 @@
 """SAC/TD3 options: networks × value heads, UTD, presets, learning-rate decay, reward scaling, bad options."""
 
 import dataclasses
+import json
+import math
 import re
 
 import numpy as np
@@ -8,7 +10,7 @@ import pytest
 import torch
 
 from keelrl.agents.common import run_cli
-from keelrl.agents.off_policy import apply_preset
+from keelrl.agents.off_policy import apply_preset, episode_length_discount
 from keelrl.agents.sac import SAC, SACConfig
 from keelrl.agents.sac import train as train_sac
 from keelrl.agents.td3 import TD3, TD3Config
@@ -72,14 +74,127 @@ def test_critic_target_uses_the_c51_projection_of_the_pessimistic_member(fixed_b
     torch.testing.assert_close(target @ agent.head.support, expected_mean, atol=1e-4, rtol=0)
 
 
-def test_presets_set_the_papers_options():
-    simba = apply_preset(SACConfig(preset="simba"), SAC.presets)
-    assert (simba.network, simba.optimizer, simba.weight_decay, simba.utd, simba.alpha_init) == ("simba", "adamw", 1e-2, 2, 0.01)
-    assert simba.normalize_obs and simba.target_entropy_scale == -0.5 and simba.q_lr == 1e-4
-    v2 = apply_preset(SACConfig(preset="simbav2"), SAC.presets)
-    assert (v2.network, v2.critic_head, v2.v_min, v2.v_max, v2.num_bins) == ("simbav2", "c51", -5.0, 5.0, 101)
-    assert v2.scale_rewards and v2.final_lr_fraction == 0.5
-    assert apply_preset(SACConfig(preset="simbav2", utd=2), SAC.presets).utd == 2  # agreeing flags are fine
+# What every preset shares with keelrl's defaults, read from both references' MuJoCo runs:
+# configs/buffer/numpy_uniform.yaml:6-9 (buffer 1e6, learning starts 5000, batch 256), τ 0.005
+# (SimBa configs/agent/sac_simba.yaml:31, SimbaV2 configs/agent/simbaV2.yaml:43), 1-step returns, clipped double Q
+# on episodic MuJoCo, actor 1 block × 128, critic 2 blocks × 512 (sac_simba.yaml:13-14,19-20; simbaV2.yaml:22-23,32-33).
+SHARED = dict(buffer_size=1_000_000, learning_starts=5_000, batch_size=256, tau=0.005, n_step=1, num_critics=2,
+              actor_num_blocks=1, actor_hidden_dim=128, critic_num_blocks=2, critic_hidden_dim=512,
+              normalize_obs=True, obs_clip=None, gamma=0.995)  # γ: heuristic of base.yaml:17 / online_rl.yaml:20
+# SonyResearch/simba configs/agent/sac_simba.yaml and configs/base.yaml:25 (2 updates per step)
+SIMBA = dict(network="simba", critic_head="scalar", scale_rewards=False, optimizer="adamw", weight_decay=1e-2,
+             final_lr_fraction=1.0, utd=2)
+# dojeon-ai/SimbaV2 configs/agent/simbaV2.yaml, configs/online_rl.yaml:28 with configs/env/mujoco.yaml:13 (UTD 1)
+SIMBAV2 = dict(network="simbav2", critic_head="c51", num_bins=101, v_min=-5.0, v_max=5.0, scale_rewards=True,
+               optimizer="adam", weight_decay=0.0, final_lr_fraction=0.5, utd=1)
+SAC_EXPECTED = {  # policy_frequency 1: actor and temperature step with every critic update (sac_agent.py:198-229)
+    "simba": dict(**SHARED, **SIMBA, policy_lr=1e-4, q_lr=1e-4, alpha_init=0.01, target_entropy_scale=-0.5,
+                  autotune=True, policy_frequency=1, target_network_frequency=1),
+    "simbav2": dict(**SHARED, **SIMBAV2, policy_lr=1e-4, q_lr=1e-4, alpha_init=0.01, target_entropy_scale=-0.5,
+                    autotune=True, policy_frequency=1, target_network_frequency=1),
+}
+TD3_EXPECTED = {  # TD3's own update rule stays: policy delay 2, target smoothing
+    "simba": dict(**SHARED, **SIMBA, learning_rate=1e-4, exploration_noise=0.1, policy_frequency=2),
+    "simbav2": dict(**SHARED, **SIMBAV2, learning_rate=1e-4, exploration_noise=0.1, policy_frequency=2),
+}
+
+
+@pytest.mark.parametrize("agent_cls, config_cls, expected", [(SAC, SACConfig, SAC_EXPECTED), (TD3, TD3Config, TD3_EXPECTED)])
+@pytest.mark.parametrize("preset", ["simba", "simbav2"])
+def test_presets_resolve_to_the_references_mujoco_configuration(agent_cls, config_cls, expected, preset):
+    config = apply_preset(config_cls(preset=preset), agent_cls.presets)
+    assert {name: getattr(config, name) for name in expected[preset]} == expected[preset]
+
+
+def test_presets_accept_agreeing_flags_and_refuse_contradicting_ones():
+    assert apply_preset(SACConfig(preset="simbav2", gamma=0.995, scale_rewards=True), SAC.presets).utd == 1
+    with pytest.raises(ValueError, match="--preset simbav2 sets --utd 1, but --utd 2 was also given"):
+        apply_preset(SACConfig(preset="simbav2", utd=2), SAC.presets)
+
+
+def test_discount_heuristic_of_simba_and_simbav2():
+    """max(min((L/5 − 1) / (L/5), 0.995), 0.95), L = max_episode_steps / action_repeat (base.yaml:17)."""
+    assert episode_length_discount(1000) == 0.995  # MuJoCo: (200 − 1) / 200
+    assert episode_length_discount(1000, action_repeat=2) == 0.99  # DMC: (100 − 1) / 100
+    assert episode_length_discount(200) == 0.975  # (40 − 1) / 40
+    assert episode_length_discount(50) == 0.95  # 0.9, raised to the floor
+    assert episode_length_discount(10_000) == 0.995  # capped
+
+
+@pytest.mark.parametrize("preset", ["simba", "simbav2"])
+def test_presets_step_actor_and_temperature_with_every_critic_update(preset, fixed_batch):
+    agent = make(SAC, SACConfig, preset=preset)
+    for k in (1, 2, 3):
+        losses = agent.update(fixed_batch)
+        assert {"losses/actor_loss", "losses/alpha_loss"} <= set(losses)
+        for name in ("critic", "actor", "alpha"):
+            steps = {int(state["step"]) for state in agent.optimizers[name].state.values()}
+            assert steps == {k}, (name, steps)
+
+
+def test_plain_sac_keeps_cleanrl_delayed_actor_steps(fixed_batch):
+    """No preset: CleanRL's schedule, two actor/α steps every second update."""
+    agent = make(SAC, SACConfig)
+    actor_steps = []
+    for _ in range(4):
+        agent.update(fixed_batch)
+        actor_steps.append({int(s["step"]) for s in agent.optimizers["actor"].state.values()})
+    assert actor_steps == [set(), {2}, {2}, {4}]
+
+
+def test_simba_preset_puts_no_weight_decay_on_the_temperature(fixed_batch):
+    """SimBa's configs/agent/sac_simba.yaml:16,22 weight decay 1e-2 on actor and critic, :29 none on the
+    temperature (AdamW's decay would pull log α towards 0, α towards 1)."""
+    agent = make(SAC, SACConfig, preset="simba")
+    decay = {name: [type(opt).__name__, opt.param_groups[0]["weight_decay"]] for name, opt in agent.optimizers.items()}
+    assert decay == {"actor": ["AdamW", 1e-2], "critic": ["AdamW", 1e-2], "alpha": ["AdamW", 0.0]}
+    losses = agent.update(fixed_batch)  # one α step: Adam's first step moves log α by lr · sign(gradient)
+    # d(alpha_loss)/d log α = alpha_loss itself (the loss is α · c with α = exp(log α))
+    expected = math.log(0.01) - 1e-4 * math.copysign(1.0, losses["losses/alpha_loss"].item())
+    assert agent.log_alpha.item() == pytest.approx(expected, abs=1e-6)  # decay would add −1e-6 · log α ≈ +4.6e-6
+    td3 = make(TD3, TD3Config, preset="simba")
+    assert [td3.optimizers[name].param_groups[0]["weight_decay"] for name in ("actor", "critic")] == [1e-2, 1e-2]
+
+
+@pytest.mark.parametrize("head", ["c51", "hlgauss"])
+@pytest.mark.parametrize("network", ["mlp", "simba"])
+def test_scaled_rewards_give_categorical_critics_the_unit_support_without_a_preset(head, network):
+    config = apply_preset(SACConfig(scale_rewards=True, critic_head=head, network=network), SAC.presets)
+    assert (config.v_min, config.v_max) == (-5.0, 5.0)
+    explicit = apply_preset(TD3Config(scale_rewards=True, critic_head=head, v_min=-2.0), TD3.presets)
+    assert (explicit.v_min, explicit.v_max) == (-2.0, 5.0)  # an explicit bound wins
+    assert apply_preset(SACConfig(critic_head=head, v_min=-1.0, v_max=3.0), SAC.presets).v_max == 3.0
+    assert apply_preset(SACConfig(scale_rewards=True), SAC.presets).v_min is None  # scalar critics need none
+
+
+def test_scale_rewards_with_a_categorical_critic_runs_from_the_command_line(tmp_path):
+    args = ["--env-id", "InvertedPendulum-v5", "--scale-rewards", "--critic-head", "c51", "--total-timesteps", "40",
+            "--learning-starts", "30", "--batch-size", "8", "--eval-freq", "0", "--eval-episodes", "1",
+            "--hidden-sizes", "16", "16", "--runs-dir", str(tmp_path), "--quiet"]
+    assert run_cli(train_sac, SACConfig, args=args) == 0
+    (run_dir,) = tmp_path.iterdir()
+    config = json.loads((run_dir / "config.json").read_text())["config"]
+    assert (config["v_min"], config["v_max"], config["num_bins"]) == (-5.0, 5.0, 101)
+
+
+def test_online_normaliser_follows_simba_under_the_presets_and_clips_otherwise():
+    """SimBa/SimbaV2 (agents/wrappers/normalization.py): (x − mean) / sqrt(var + 1e-8), no clip;
+    plain --normalize-obs keeps its clip at ±10."""
+    obs = np.array([[1.0, 0.0, 2.0, 0.0, 5.0], [3.0, 4.0, 2.0, 0.0, 5.0], [5.0, 8.0, 2.0, 0.0, 5.0]])
+    mean, var = obs.mean(0), obs.var(0)  # [3, 4, 2, 0, 5], [8/3, 32/3, 0, 0, 0]
+    x = np.array([[3.0 + 50 * math.sqrt(8 / 3), 0.0, 2.0, 1e-3, 5.0]])
+    expected = (x - mean) / np.sqrt(var + 1e-8)  # [50, −1.2247, 0, 10, 0]
+    for agent_cls, config_cls in ((SAC, SACConfig), (TD3, TD3Config)):
+        for preset in ("simba", "simbav2"):
+            agent = make(agent_cls, config_cls, preset=preset)
+            agent.obs_norm.update(torch.as_tensor(obs))
+            out = agent.obs_norm(torch.as_tensor(x, dtype=torch.float32)).numpy()
+            np.testing.assert_allclose(out, expected, rtol=1e-5, atol=1e-5)
+            assert out[0, 0] == pytest.approx(50.0, rel=1e-5)
+    plain = make(SAC, SACConfig, normalize_obs=True)
+    plain.obs_norm.update(torch.as_tensor(obs))
+    out = plain.obs_norm(torch.as_tensor(x, dtype=torch.float32)).numpy()
+    np.testing.assert_allclose(out, np.clip(expected, -10, 10), rtol=1e-5, atol=1e-5)
 
 
 def test_learning_rates_decay_linearly(fixed_batch):
@@ -121,6 +236,7 @@ def test_utd_sets_updates_per_environment_step(tmp_path):
         (["--critic-head", "c51", "--v-min", "5", "--v-max", "5"], "--v-min .* must be smaller than --v-max"),
         (["--critic-head", "hlgauss", "--v-min", "0", "--v-max", "1", "--num-bins", "1"], "--num-bins must be at least 2"),
         (["--critic-head", "c51"], "needs a support: give --v-min and --v-max"),
+        (["--normalize-obs", "--obs-clip", "0"], "--obs-clip must be positive"),
         (["--utd", "0"], "--utd .* must be at least 1"),
         (["--preset", "simbav2", "--network", "simba"], "--preset simbav2 sets --network simbav2, but --network simba"),
         (["--preset", "simba", "--q-lr", "0.003"], "--preset simba sets --q-lr 0.0001, but --q-lr 0.003"),

@@ -43,3 +43,32 @@ def test_the_timed_products_are_the_products_the_flop_count_counts(algo, one_col
     # 2 critics, TD3 2 x 3 on 2 critics + 1 actor step x 2 on Q1
     one_column_flops = one_column_products * 2 * 256 * 256
     assert counter.get_total_flops() + one_column_flops == pytest.approx(2 * expected, rel=1e-12)
+
+
+def test_declared_score_ranges_and_their_sources():
+    import gymnasium as gym
+
+    from keelrl.benchmarks.reference_scores import no_range_reason, score_range, score_source
+
+    expected = {  # task: (low, high, where the source says the numbers come from)
+        "Hopper-v5": (-20.272305, 3234.3, "d4rl/infos.py of Farama-Foundation/D4RL"),
+        "HalfCheetah-v5": (-280.178953, 12135.0, "d4rl/infos.py of Farama-Foundation/D4RL"),
+        "Walker2d-v5": (1.629008, 4592.3, "d4rl/infos.py of Farama-Foundation/D4RL"),
+        "Ant-v5": (-70.288, 3942.0, "scale_rl/envs/mujoco.py of dojeon-ai/SimbaV2"),
+        "Humanoid-v5": (120.423, 5165.0, "scale_rl/envs/mujoco.py of dojeon-ai/SimbaV2"),
+        "InvertedPendulum-v5": (0.0, 1000.0, "max_episode_steps"),
+        "CartPole-v1": (0.0, 500.0, "max_episode_steps"),
+        **{task: (0.0, 1.0, "keelrl.envs.rlvr_tasks") for task in ("add", "chain", "sort", "countdown")},
+    }
+    for task, (low, high, cited) in expected.items():
+        bounds = score_range(task)
+        assert (bounds.low, bounds.high) == (low, high) and cited in bounds.source, task
+        assert score_source("online", task).startswith(f"low {low:g}, high {high:g} (")
+    # the bounds taken from the envs themselves: their time limits, +1 reward per step
+    assert gym.spec("CartPole-v1").max_episode_steps == 500
+    assert gym.spec("InvertedPendulum-v5").max_episode_steps == 1000
+    for task in ("keelrl/SafeHopperVelocity-v1", "keelrl/SafeAntVelocity-v1"):
+        assert score_range(task) is None and score_source("safe", task) is None
+        assert "ignores the cost limit" in no_range_reason(task)
+    assert score_range("Swimmer-v5") is None and "no sourced" in no_range_reason("Swimmer-v5")
+    assert "ref_min_score" in score_source("offline", "keelrl/hopper-medium-v0")  # the dataset's own references

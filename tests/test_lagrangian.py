@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from keelrl.agents import sac, sac_lag, td3_lag
-from keelrl.agents.lagrange import GradientMultiplier, PIDMultiplier, lagrangian_actor_loss
+from keelrl.agents.lagrange import GradientMultiplier, PIDMultiplier, lagrangian_actor_loss, train_constrained
 from keelrl.agents.sac_lag import SACLag, SACLagConfig
 from keelrl.agents.td3_lag import TD3Lag, TD3LagConfig
 from keelrl.envs import CostWrapper
@@ -54,6 +54,26 @@ class TrackEnv(gym.Env):
 
 
 gym.register("keelrl_test/Track-v0", entry_point=lambda: CostWrapper(TrackEnv(), lambda a, o, i: float(a[0] > 0.5)))
+
+
+class RaggedEnv(gym.Env):
+    """Episodes of 3 to 5 steps (drawn at reset), so that with two envs episodes end alone or together;
+    the cost (through CostWrapper) is 1 for a positive action."""
+
+    observation_space = gym.spaces.Box(-1.0, 1.0, (2,), np.float32)
+    action_space = gym.spaces.Box(-1.0, 1.0, (1,), np.float32)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t, self.length = 0, int(self.np_random.integers(3, 6))
+        return np.zeros(2, np.float32), {}
+
+    def step(self, action):
+        self.t += 1
+        return np.full(2, self.t / 5, np.float32), float(action[0]), False, self.t >= self.length, {}
+
+
+gym.register("keelrl_test/RaggedCost-v0", entry_point=lambda: CostWrapper(RaggedEnv(), lambda a, o, i: float(a[0] > 0)))
 
 
 @pytest.fixture
@@ -184,6 +204,76 @@ def test_short_run_stores_costs_and_moves_lambda(module, agent_cls, config_cls, 
     assert agent.lagrange_multiplier.item() == pytest.approx(30 * 0.01 * (10.0 - 4.0))  # saved with the model
     buffer = torch.load(result.run_dir / "buffer.pt", weights_only=True)
     assert torch.equal(buffer["costs"], torch.ones(300))
+
+
+@pytest.mark.parametrize("multiplier", ["gradient", "pid"])
+def test_lambda_steps_once_per_batch_of_finished_episodes_and_never_on_other_updates(multiplier, tmp_path):
+    """The documented schedule (agents/lagrange.py): λ changes only where training episodes end, once per
+    vector-env step at which any ended, on the mean cost of those episodes; never on a gradient update;
+    and not for batches ending at global_step <= lambda_warmup. Checked against episodes.csv by hand."""
+    events = []  # ("update", λ before, λ after) and ("episodes", global_step, costs, λ before, λ after)
+
+    class RecordingSACLag(SACLag):
+        def update(self, batch):
+            before = self.lagrange_multiplier.item()
+            losses = super().update(batch)
+            events.append(("update", before, self.lagrange_multiplier.item()))
+            return losses
+
+        def observe_episode_costs(self, episode_costs, global_step):
+            before = self.lagrange_multiplier.item()
+            super().observe_episode_costs(episode_costs, global_step)
+            events.append(("episodes", global_step, list(episode_costs), before, self.lagrange_multiplier.item()))
+
+    lr, limit, warmup, init = 0.01, 1.5, 30, 0.2
+    kp, ki, kd = 0.1, 0.02, 0.05
+    config = SACLagConfig(env_id="keelrl_test/RaggedCost-v0", num_envs=2, total_timesteps=160, learning_starts=60,
+                          batch_size=16, hidden_sizes=(16, 16), eval_freq=0, eval_episodes=1, cost_limit=limit,
+                          multiplier=multiplier, lambda_lr=lr, lambda_init=init, lambda_warmup=warmup,
+                          pid_kp=kp, pid_ki=ki, pid_kd=kd, runs_dir=str(tmp_path), quiet=True)
+    result = train_constrained(RecordingSACLag, config, sac_lag.validate)
+
+    # the batches, by hand from episodes.csv: the episodes that ended at the same global step
+    with open(result.run_dir / "episodes.csv") as f:
+        rows = [(int(row["global_step"]), float(row["cost"])) for row in csv.DictReader(f)]
+    batches = {}
+    for step, cost in rows:
+        batches.setdefault(step, []).append(cost)
+    sizes = [len(costs) for costs in batches.values()]
+    assert 1 in sizes and 2 in sizes  # episodes ended alone and together
+    lam, integral, previous, expected = init, init, None, []
+    for step, costs in batches.items():
+        if step > warmup:
+            error = sum(costs) / len(costs) - limit
+            if multiplier == "gradient":
+                lam = max(0.0, lam + lr * error)
+            else:
+                integral = max(0.0, integral + ki * error)
+                rise = 0.0 if previous is None else max(0.0, sum(costs) / len(costs) - previous)
+                lam = max(0.0, kp * error + integral + kd * rise)
+                previous = sum(costs) / len(costs)
+        expected.append(lam)
+
+    batch_events = [e for e in events if e[0] == "episodes"]
+    assert [(step, costs) for _, step, costs, _, _ in batch_events] == list(batches.items())
+    np.testing.assert_allclose([after for *_, after in batch_events], expected, rtol=1e-5)
+    assert all(after == before for _, step, _, before, after in batch_events if step <= warmup)
+    assert any(step <= warmup for step in batches) and any(warmup < step <= 60 for step in batches)
+    assert len({round(value, 7) for value in expected}) > 5  # λ did move, many times
+    # λ never moves on a gradient update, and holds from one batch to the next across all updates
+    updates = [e for e in events if e[0] == "update"]
+    assert len(updates) == (160 - 60) // 2 * 2  # each vector step past learning_starts: num_envs × utd updates
+    assert len(updates) > len(batch_events)
+    assert all(before == after for _, before, after in updates)
+    lam_now = events[0][-2]  # λ before anything happened: lambda_init, in float32
+    assert lam_now == pytest.approx(init)
+    for event in events:
+        if event[0] == "episodes":
+            assert event[3] == lam_now
+            lam_now = event[4]
+        else:
+            assert event[1] == lam_now
+    assert SACLag.load(result.run_dir / "model.pt").lagrange_multiplier.item() == pytest.approx(expected[-1], rel=1e-5)
 
 
 def test_sac_lag_keeps_the_cost_under_the_limit_where_sac_does_not(tmp_path):

@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 
 from keelrl.benchmarks import leaderboard
-from keelrl.benchmarks.aggregate import iqm, stratified_bootstrap_ci
-from keelrl.benchmarks.reference_scores import normalized_score, published_for, task_key
-from keelrl.benchmarks.report import write_report
+from keelrl.benchmarks.aggregate import RunResult, iqm, iqm_by_agent, read_run_figures, stratified_bootstrap_ci
+from keelrl.benchmarks.reference_scores import normalized_score, published_for, score_range, task_key
+from keelrl.benchmarks.report import write_markdown, write_report
 
 # A tiny SAC/TD3 cell: 200 random-action steps (no updates), an evaluation of 2 episodes every 100 steps.
 TINY = {"learning-starts": 200, "hidden-sizes": [16, 16], "batch-size": 16, "eval-freq": 100, "eval-episodes": 2,
@@ -65,12 +65,142 @@ def test_reference_scores_and_task_keys():
     assert normalized_score("Hopper-v5", 3234.3) == pytest.approx(100.0)
     assert normalized_score("hopper-medium-v0", -20.272305) == pytest.approx(0.0)
     assert normalized_score("InvertedPendulum-v5", 500.0) == pytest.approx(50.0)
-    assert np.isnan(normalized_score("CartPole-v1", 500.0))
+    assert normalized_score("CartPole-v1", 500.0) == pytest.approx(100.0)
+    assert np.isnan(normalized_score("keelrl/SafeHopperVelocity-v1", 500.0))
     (cleanrl,) = published_for("online", "sac", "Hopper-v5")
     assert (cleanrl.mean, cleanrl.std, cleanrl.budget_steps, cleanrl.published_task) == (2310.46, 342.82, 1_000_000,
                                                                                          "Hopper-v4")
     (saclag,) = published_for("safe", "sac_lag", "keelrl/SafeHopperVelocity-v1")
     assert (saclag.mean, saclag.cost) == (963.49, 20.23)
+
+
+def finished_run(tmp_path, label, task, seed, final_return, status="done", family="online"):
+    """A cell's RunResult read from an eval.csv with one evaluation (final_return None: an empty eval.csv)."""
+    run_dir = tmp_path / label / task.replace("/", "_") / f"seed{seed}"
+    run_dir.mkdir(parents=True)
+    rows = "" if final_return is None else f"15000,{final_return},0.0,0.0,10\n"
+    (run_dir / "eval.csv").write_text("global_step,mean_return,std_return,mean_cost,episodes\n" + rows)
+    return read_run_figures(RunResult(family, label, label, task, seed, 15000, status), run_dir)
+
+
+def page_of(tmp_path, results, name="page"):
+    write_markdown(tmp_path / f"{name}.md", name, [], results, reps=500)
+    return (tmp_path / f"{name}.md").read_text()
+
+
+def test_no_iqm_pools_raw_returns_across_tasks(tmp_path):
+    # InvertedPendulum-v5 (range 0..1000): returns 100, 500, 900 -> scores 10, 50, 90. Swimmer-v5 has no
+    # declared range. The old code pooled the six raw returns 30 40 50 100 500 900 and reported their IQM,
+    # mean(40, 50, 100, 500) = 172.5, as a "raw return" IQM. Now there is no IQM, and the page says why.
+    results = [finished_run(tmp_path / "a", "sac", "InvertedPendulum-v5", seed, ret)
+               for seed, ret in enumerate((100.0, 500.0, 900.0), 1)]
+    results += [finished_run(tmp_path / "a", "sac", "Swimmer-v5", seed, ret)
+                for seed, ret in enumerate((30.0, 40.0, 50.0), 1)]
+    (entry,) = iqm_by_agent(results, reps=500)
+    assert np.isnan(entry.iqm) and np.isnan(entry.ci_low) and np.isnan(entry.ci_high)
+    assert (entry.runs, entry.runs_planned, entry.tasks) == (0, 6, 2)
+    assert entry.no_iqm == "no IQM: Swimmer-v5 has no declared score range"
+    page = page_of(tmp_path, results)
+    assert "| sac | no IQM: Swimmer-v5 has no declared score range | – | 0 of 6 | 2 |" in page
+    assert "| sac | Swimmer-v5 | 15k | 3/3 | 40.0 ± 8.2 | no declared range |" in page
+    assert "172.5" not in page and "raw return" not in page
+
+    # With CartPole-v1 (range 0..500) in its place: returns 50, 250, 500 -> scores 10, 50, 100; the six
+    # scores 10 10 50 50 90 100 lose one at each end: IQM = mean(10, 50, 50, 90) = 50. (The old code had
+    # no CartPole range and gave the raw-return IQM mean(100, 250, 500, 500) = 337.5.)
+    results = results[:3] + [finished_run(tmp_path / "b", "sac", "CartPole-v1", seed, ret)
+                             for seed, ret in enumerate((50.0, 250.0, 500.0), 1)]
+    (entry,) = iqm_by_agent(results, reps=500)
+    assert entry.iqm == pytest.approx(50.0)
+    assert entry.ci_low <= 50.0 <= entry.ci_high
+    assert (entry.runs, entry.runs_planned, entry.tasks, entry.no_iqm) == (6, 6, 2, "")
+    assert f"| sac | 50.0 | [{entry.ci_low:.1f}, {entry.ci_high:.1f}] | 6 of 6 | 2 |" in page_of(tmp_path, results)
+
+    # Offline: a finished run whose agent logged no normalised score (a dataset without reference returns)
+    # leaves the agent without an IQM too (the old code fell back to the raw returns' IQM, 950).
+    offline = [RunResult("offline", "iql", "iql", "keelrl/hopper-medium-v0", 1, 1000, "done", final_return=1000.0,
+                         score=30.0),
+               RunResult("offline", "iql", "iql", "keelrl/hopper-medium-v0", 2, 1000, "done", final_return=900.0)]
+    (entry,) = iqm_by_agent(offline, reps=500)
+    assert np.isnan(entry.iqm)
+    assert entry.no_iqm == "no IQM: 1 of the 2 finished runs on keelrl/hopper-medium-v0 have no normalised score"
+
+
+def test_failed_and_missing_runs_are_shown_and_counted(tmp_path):
+    # sac: InvertedPendulum-v5 returns 200, 400, 1000 (scores 20, 40, 100); CartPole-v1 returns 100, 250
+    # (scores 20, 50) and seed 3 failed. IQM over the 5 finished runs: 20 20 40 50 100, one dropped at
+    # each end: mean(20, 40, 50) = 110/3.
+    results = [finished_run(tmp_path, "sac", "InvertedPendulum-v5", seed, ret)
+               for seed, ret in enumerate((200.0, 400.0, 1000.0), 1)]
+    results += [finished_run(tmp_path, "sac", "CartPole-v1", 1, 100.0),
+                finished_run(tmp_path, "sac", "CartPole-v1", 2, 250.0),
+                RunResult("online", "sac", "sac", "CartPole-v1", 3, 15000, "failed")]
+    # td3: every InvertedPendulum-v5 run failed; on CartPole-v1 seed 1 is done but never evaluated (the old
+    # code counted it as a finished seed and dropped its NaN from the mean), seed 2 is unfinished.
+    results += [RunResult("online", "td3", "td3", "InvertedPendulum-v5", seed, 15000, "failed") for seed in (1, 2, 3)]
+    results += [finished_run(tmp_path, "td3", "CartPole-v1", 1, None),
+                RunResult("online", "td3", "td3", "CartPole-v1", 2, 15000, "unfinished"),
+                finished_run(tmp_path, "td3", "CartPole-v1", 3, 500.0)]
+    sac, td3 = iqm_by_agent(results, reps=500)
+    assert sac.iqm == pytest.approx(110 / 3)
+    assert (sac.runs, sac.runs_planned, sac.not_finished, sac.no_iqm) == (5, 6, "1 failed", "")
+    assert np.isnan(td3.iqm) and td3.no_iqm == "no IQM: InvertedPendulum-v5 has no finished run"
+    assert (td3.runs, td3.runs_planned, td3.not_finished) == (0, 6, "3 failed, 1 no final evaluation, 1 unfinished")
+
+    page = page_of(tmp_path, results)
+    assert "| sac | CartPole-v1 | 15k | 2/3 (1 failed) | 175.0 ± 75.0 | 35.0 ± 15.0 |" in page
+    assert "| td3 | InvertedPendulum-v5 | 15k | 0/3 (3 failed) | **failed** | – |" in page
+    assert ("| td3 | CartPole-v1 | 15k | 1/3 (1 no final evaluation, 1 unfinished) | 500.0 ± 0.0 | 100.0 ± 0.0 |"
+            in page)
+    assert f"| sac | 36.7 | [{sac.ci_low:.1f}, {sac.ci_high:.1f}] | 5 of 6 (1 failed) | 2 |" in page
+    assert ("| td3 | no IQM: InvertedPendulum-v5 has no finished run | – | 0 of 6 (3 failed, 1 no final evaluation, "
+            "1 unfinished) | 2 |") in page
+    assert "- sac CartPole-v1 seed 3: failed" in page
+    assert "- td3 CartPole-v1 seed 1: done, but no final evaluation (eval.csv has no row)" in page
+    assert "- td3 CartPole-v1 seed 2: unfinished" in page
+    # a cell with runs that never started (no failure) reads "missing"
+    unstarted = [RunResult("online", "sac", "sac", "Hopper-v5", seed, 15000, "unfinished") for seed in (1, 2)]
+    page = page_of(tmp_path, unstarted, "unstarted")
+    assert "| sac | Hopper-v5 | 15k | 0/2 (2 unfinished) | **missing** | – |" in page
+
+
+def test_every_shipped_grid_task_has_a_score_range_or_its_agents_get_no_iqm(tmp_path):
+    checked = []  # (grid, its results, its IQM entries by agent name, its page)
+    undeclared = set()
+    for path in sorted(leaderboard.GRIDS_DIR.glob("*.toml")):
+        grid = leaderboard.load_grid(path.stem)
+        results = []
+        for i, cell in enumerate(leaderboard.expand(grid, tmp_path)):
+            result = RunResult(grid.family, cell.agent.name, cell.agent.module, cell.task.id, cell.seed,
+                               cell.task.steps, "done", steps=cell.task.steps, final_return=100.0 + i)
+            # the score read_run_figures gives: an offline agent logs its own (its dataset's references),
+            # the other families use the task's declared range
+            result.score = 40.0 + i if grid.family == "offline" else normalized_score(cell.task.id, 100.0 + i)
+            results.append(result)
+        undeclared |= {task.id for task in grid.tasks if grid.family != "offline" and score_range(task.id) is None}
+        entries = {entry.label: entry for entry in iqm_by_agent(results, reps=200)}
+        checked.append((grid, results, entries, page_of(tmp_path, results, grid.name)))
+    # the only shipped tasks without a range: the velocity-constrained ones (a return-only score would ignore the cost)
+    assert undeclared == {"keelrl/SafeHopperVelocity-v1", "keelrl/SafeHalfCheetahVelocity-v1",
+                          "keelrl/SafeWalker2dVelocity-v1", "keelrl/SafeAntVelocity-v1"}
+    agents = [(grid, agent, [task.id for task in grid.tasks if agent.tasks is None or task.id in agent.tasks],
+               results, entries[agent.name], page)
+              for grid, results, entries, page in checked for agent in grid.agents]
+    for grid, agent, tasks, results, entry, _ in agents:
+        if any(task in undeclared for task in tasks):  # no aggregate at all
+            assert np.isnan(entry.iqm), (grid.name, agent.name)
+        else:  # an IQM of the normalised scores of every run
+            scores = np.array([r.score for r in results if r.label == agent.name])
+            assert entry.iqm == pytest.approx(iqm(scores)), (grid.name, agent.name)
+            assert all(score_range(task).source for task in tasks if grid.family != "offline")
+    for grid, agent, tasks, _, entry, page in agents:  # and the page says so
+        assert "raw return" not in page
+        no_range = [task for task in tasks if task in undeclared]
+        if no_range:
+            (row,) = [line for line in page.splitlines() if line.startswith(f"| {agent.name} | no IQM: ")]
+            assert all(f"{task} has no declared score range" in row for task in no_range), row
+        else:
+            assert f"| {agent.name} | {entry.iqm:.1f} | [" in page
 
 
 def test_grid_files_are_checked(tmp_path):
@@ -120,7 +250,8 @@ def test_grid_runs_with_two_workers_then_a_second_invocation_does_nothing(tmp_pa
         assert result.curve == [(100, pytest.approx(result.curve[0][1])), (200, result.final_return)]
         assert result.sps > 0
 
-    written = write_report(tmp_path / "out", "two-workers", results, ["Command: test"], reps=500)
+    written = write_report(tmp_path / "out", "two-workers", results, ["Command: test"], reps=500,
+                           runs_dir=tmp_path / "runs")
     assert {p.name for p in written} == {"two-workers.md", "two-workers_runs.csv", "two-workers_cells.csv",
                                         "two-workers_iqm.csv", "two-workers_curves.csv", "two-workers_online.png"}
     markdown = (tmp_path / "out" / "two-workers.md").read_text()
@@ -130,6 +261,9 @@ def test_grid_runs_with_two_workers_then_a_second_invocation_does_nothing(tmp_pa
     with open(tmp_path / "out" / "two-workers_runs.csv") as f:
         rows = list(csv.DictReader(f))
     assert len(rows) == 3 and float(rows[0]["final_return"]) == pytest.approx(results[0].final_return)
+    # run directories relative to --runs-dir: no path of this machine in a committed table
+    assert rows[0]["run_dir"] == str(Path(results[0].run_dir).relative_to(tmp_path / "runs"))
+    assert rows[0]["run_dir"].startswith(f"{grid.name}/sac/InvertedPendulum-v5/seed1/")
     with open(tmp_path / "out" / "two-workers_curves.csv") as f:
         assert len(list(csv.DictReader(f))) == 2 * 2  # 2 runs, 2 evaluations each
 

@@ -94,6 +94,72 @@ def test_running_obs_norm_matches_numpy_on_a_stream():
     assert norm(torch.full((1, 6), 1e6)).max() == 10.0  # clipped
 
 
+# a small array with an outlier (row 3) and a constant column (std 0), by hand below
+SMALL_OBS = np.array([[1.0, 2.0, 7.0], [3.0, -2.0, 7.0], [5.0, 0.0, 7.0], [400.0, 1.0, 7.0]])
+
+
+def test_simba_convention_divides_by_sqrt_var_plus_eps_without_clipping():
+    """SimBa/SimbaV2 (scale_rl/agents/wrappers/normalization.py): (x − mean) / sqrt(var + 1e-8), no clip."""
+    norm = RunningObsNorm(3, clip=None, eps=1e-8, eps_on="var")
+    for row in SMALL_OBS:  # streamed one observation at a time, as while acting
+        norm.update(torch.as_tensor(row[None]))
+    mean = SMALL_OBS.mean(0)  # [102.25, 0.25, 7]
+    var = ((SMALL_OBS - mean) ** 2).mean(0)  # population variance
+    expected = (SMALL_OBS - mean) / np.sqrt(var + 1e-8)
+    out = norm(torch.as_tensor(SMALL_OBS, dtype=torch.float32)).numpy()
+    np.testing.assert_allclose(out, expected, rtol=1e-5, atol=1e-6)
+    # column 0 by hand: deviations −101.25, −99.25, −97.25, 297.75; var = 29553.6875
+    assert out[3, 0] == pytest.approx(297.75 / math.sqrt(29553.6875 + 1e-8), rel=1e-6)
+    far = norm(torch.tensor([[102.25 + 40 * math.sqrt(var[0]), 0.25, 7.0]]))
+    assert far[0, 0].item() == pytest.approx(40.0, rel=1e-5)  # not clipped at 10
+    assert far[0, 2].item() == 0.0  # constant column: (7 − 7) / sqrt(0 + 1e-8)
+
+
+def test_corl_riql_convention_adds_eps_to_the_std_without_clipping():
+    """CORL and RIQL: compute_mean_std(states, eps=1e-3) gives std(0) + 1e-3; (x − mean) / that, no clip."""
+    norm = RunningObsNorm(3, clip=None, eps=1e-3, eps_on="std")
+    norm.update(torch.as_tensor(SMALL_OBS))  # fitted once on the whole dataset
+    mean, std = SMALL_OBS.mean(0), SMALL_OBS.std(0)
+    expected = (SMALL_OBS - mean) / (std + 1e-3)
+    x = np.array([[0.0, 1.0, 7.5]])
+    out = norm(torch.as_tensor(x, dtype=torch.float32)).numpy()
+    np.testing.assert_allclose(out, (x - mean) / (std + 1e-3), rtol=1e-5)
+    assert out[0, 2] == pytest.approx(500.0, rel=1e-5)  # (7.5 − 7) / (0 + 1e-3): the eps is not under a sqrt
+    np.testing.assert_allclose(norm(torch.as_tensor(SMALL_OBS, dtype=torch.float32)).numpy(), expected,
+                               rtol=1e-5, atol=1e-6)
+
+
+def test_normaliser_clips_only_when_asked():
+    norm = RunningObsNorm(3, clip=2.5)
+    norm.update(torch.as_tensor(SMALL_OBS))
+    out = norm(torch.as_tensor([[1e6, -1e6, 7.0]]))
+    assert out.tolist() == [[2.5, -2.5, 0.0]]
+    with pytest.raises(ValueError, match="eps_on"):
+        RunningObsNorm(3, eps_on="variance")
+    with pytest.raises(ValueError, match="clip must be positive"):
+        RunningObsNorm(3, clip=0.0)
+
+
+@pytest.mark.parametrize("algo", ["cql", "iql", "riql"])
+def test_offline_agents_normalise_as_corl_and_riql(algo):
+    """CQL and IQL fit (s − mean) / (std + 1e-3) on the dataset's observations (CORL cql.py/iql.py
+    compute_mean_std(dataset["observations"], eps=1e-3)); RIQL on observations and next observations
+    together (RIQL.py:626). Nothing is clipped."""
+    from keelrl.agents.cql import CQL, CQLConfig
+    from keelrl.agents.iql import IQL, IQLConfig
+    from keelrl.agents.riql import RIQL, RIQLConfig
+
+    agent_cls, config_cls = {"cql": (CQL, CQLConfig), "iql": (IQL, IQLConfig), "riql": (RIQL, RIQLConfig)}[algo]
+    agent = agent_cls(3, -np.ones(1), np.ones(1), config_cls(hidden_sizes=(8, 8)))
+    next_obs = SMALL_OBS[::-1] * 2.0
+    agent.fit_normalizer({"observations": SMALL_OBS, "next_observations": next_obs})
+    fitted = np.concatenate([SMALL_OBS, next_obs]) if algo == "riql" else SMALL_OBS
+    x = np.array([[0.0, 1.0, 7.5], [2000.0, -3.0, 7.0]])
+    expected = (x - fitted.mean(0)) / (fitted.std(0) + 1e-3)
+    np.testing.assert_allclose(agent.obs_norm(torch.as_tensor(x, dtype=torch.float32)).numpy(), expected,
+                               rtol=1e-5, atol=1e-6)
+
+
 def test_ensemble_evaluates_a_subset_of_members():
     critic = CriticEnsemble(obs_dim=5, action_dim=2, hidden_sizes=(16,), num_critics=3)
     obs, actions = torch.randn(4, 5), torch.randn(4, 2)

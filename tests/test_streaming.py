@@ -89,6 +89,33 @@ def test_obgd_traces_decay_by_gamma_lambda_and_reset_at_episode_end():
     assert optimizer.flat_grads.sum() == 8
 
 
+def test_adaptive_obgd_divides_by_the_root_of_second_moment_plus_eps_by_hand():
+    """Two steps where v̂ (~1e-8) is as small as eps (1e-8), so sqrt(v̂ + eps) and sqrt(v̂) + eps differ.
+
+    Step 1: e = g = (1e-4, 3e-4), δ = 1; v = 0.001(δe)², v̂ = v / (1 − 0.999) = (1e-8, 9e-8);
+    direction = e / sqrt(v̂ + 1e-8) = (1e-4/sqrt(2e-8), 3e-4/sqrt(1e-7)) = (0.7071068, 0.9486833),
+    ‖·‖₁ = 1.6557901; bound 1·2·1·1.6557901 > 1 so η = 1/3.3115802 = 0.3019706; θ = ηδ·direction.
+    (With eps outside the root the direction would be e/(|e| + 1e-8) ≈ (0.9999, 0.99997), θ ≈ (0.25, 0.25).)
+    Step 2: no new gradient, e = 0.792e, δ = −0.5; v ← 0.999v + 0.001(δe)², v̂ = v / (1 − 0.999²)
+    = (5.781971e-9, 5.203774e-8); direction = (0.6304412, 0.9539343), η = 1/(2·1.5843754) = 0.3155818.
+    """
+    param = torch.nn.Parameter(torch.zeros(2))
+    optimizer = ObGD([param], lr=1.0, gamma=0.99, lam=0.8, kappa=2.0, adaptive=True, beta2=0.999, eps=1e-8)
+    set_grads([param], [torch.tensor([1e-4, 3e-4])])
+    assert optimizer.step(1.0) == pytest.approx(0.3019706, rel=1e-5)
+    torch.testing.assert_close(optimizer.second_moment / (1 - 0.999), torch.tensor([1e-8, 9e-8]), rtol=1e-5, atol=0)
+    torch.testing.assert_close(param.detach(), torch.tensor([0.3019706 * 0.7071068, 0.3019706 * 0.9486833]),
+                               rtol=1e-5, atol=0)
+    torch.testing.assert_close(param.detach(), torch.tensor([0.2135255, 0.2864745]), rtol=1e-5, atol=0)
+    optimizer.zero_grad()
+    assert optimizer.step(-0.5) == pytest.approx(0.3155818, rel=1e-5)
+    torch.testing.assert_close(optimizer.second_moment / (1 - 0.999**2), torch.tensor([5.781971e-9, 5.203774e-8]),
+                               rtol=1e-5, atol=0)
+    expected = torch.tensor([0.2135255 - 0.5 * 0.3155818 * 0.6304412, 0.2864745 - 0.5 * 0.3155818 * 0.9539343])
+    torch.testing.assert_close(param.detach(), expected, rtol=1e-5, atol=0)
+    torch.testing.assert_close(param.detach(), torch.tensor([0.1140476, 0.1359524]), rtol=1e-5, atol=0)
+
+
 def test_sparse_init_zeroes_ninety_percent_of_each_row():
     weight = torch.empty(64, 100)
     sparse_init_(weight, 0.9)
@@ -342,6 +369,79 @@ def test_resume_after_kill_leaves_no_gap_or_duplicate(tmp_path):
     model = StreamQ.load(run_dir / "model.pt")
     assert int(model.env_state["reward_scaler"]["count"]) == 5000
     assert torch.load(run_dir / "checkpoint.pt", weights_only=True)["agent"]["num_updates"] == 5000
+
+
+class Killed(Exception):
+    """Stands in for a kill of the training process."""
+
+
+@pytest.mark.parametrize("algo", ["stream_td", "stream_q", "stream_ac"])
+def test_resume_from_a_mid_episode_checkpoint_starts_the_new_episode_with_zero_traces(algo, tmp_path, monkeypatch):
+    """Episodes of StreamTest-v0 last 7 steps, so the checkpoint at step 10 is 3 steps into the second
+    episode, with a non-zero trace. The run dies at step 12; the resumed run resets its env (a new
+    episode), so the first update after resume must step along its own gradient alone (trace 0 before
+    it), not along γλ·(the saved trace) + gradient."""
+    agent_module = __import__(f"keelrl.agents.{algo}", fromlist=["train"])
+    config_cls = {"stream_q": StreamQConfig, "stream_ac": StreamACConfig, "stream_td": StreamTDConfig}[algo]
+    agent_cls = {"stream_q": StreamQ, "stream_ac": StreamAC, "stream_td": StreamTD}[algo]
+    greedy = dict(start_e=0.0, end_e=0.0) if algo == "stream_q" else {}  # no Watkins cut of the trace
+    config = config_cls(env_id="keelrl_test/StreamTest-v0", total_timesteps=30, hidden_sizes=(8, 8), eval_freq=0,
+                        eval_episodes=1, checkpoint_freq=10, log_freq=5, runs_dir=str(tmp_path), quiet=True,
+                        **greedy)
+    update = agent_cls.update
+
+    def update_until_killed(self, transition):
+        if self.num_updates == 12:
+            raise Killed
+        return update(self, transition)
+
+    monkeypatch.setattr(agent_cls, "update", update_until_killed)
+    with pytest.raises(Killed):
+        agent_module.train(config)
+    monkeypatch.setattr(agent_cls, "update", update)
+    (run_dir,) = tmp_path.iterdir()
+    checkpoint = torch.load(run_dir / "checkpoint.pt", weights_only=True)
+    assert checkpoint["global_step"] == 10 and [int(r["global_step"]) for r in read_episodes(run_dir)] == [7]
+    saved = checkpoint["agent"]["optimizers"]
+    assert all(state["trace"].abs().sum() > 0 for state in saved.values())  # mid-episode: a live trace
+    assert checkpoint["env"]["reward_scaler"]["return_trace"] > 0  # and a live discounted-return trace
+
+    steps, transitions = [], []  # (optimiser, its step count, trace before the step, the step's gradient, trace after)
+    step = ObGD.step
+
+    def recording_step(self, delta, reset=False):
+        before, grads = self.trace.clone(), self.flat_grads.clone()
+        step_size = step(self, delta, reset)
+        steps.append((self, self.num_steps, before, grads, self.trace.clone()))
+        return step_size
+
+    def recording_update(self, transition):
+        transitions.append(transition)
+        return update(self, transition)
+
+    return_traces = []  # the reward scaler's return trace as each env step begins
+    scale_step = StreamRewardScale.step
+
+    def recording_scale_step(self, action):
+        return_traces.append(self.return_trace)
+        return scale_step(self, action)
+
+    monkeypatch.setattr(ObGD, "step", recording_step)
+    monkeypatch.setattr(agent_cls, "update", recording_update)
+    monkeypatch.setattr(StreamRewardScale, "step", recording_scale_step)
+    result = agent_module.train(config_cls(resume=str(run_dir), quiet=True))
+    assert result.global_step == 30
+    first_update = steps[: len(saved)]  # one step per optimiser (stream AC: critic and actor)
+    assert len({id(opt) for opt, *_ in first_update}) == len(saved)
+    for _, num_steps, before, grads, after in first_update:
+        assert num_steps == 11  # the checkpoint's 10 steps, then this one
+        assert torch.count_nonzero(before) == 0  # not the saved trace (decayed by γλ)
+        assert grads.abs().sum() > 0
+        torch.testing.assert_close(after, grads, rtol=0, atol=0)  # e = 0·γλ + ∇
+    assert transitions[0].obs[-1] == 1.0  # the time feature of a reset: a new episode
+    assert return_traces[0] == 0.0 and return_traces[1] > 0  # u ← γu + r restarts from 0
+    # the episode started on resume runs its full 7 steps (10 → 17) before the next one
+    assert [int(r["global_step"]) for r in read_episodes(run_dir)][:3] == [7, 17, 24]
 
 
 @pytest.mark.parametrize(
