@@ -11,6 +11,8 @@ The algorithm, top to bottom (SAC on a fixed dataset, with a conservative critic
   `cql_n_actions` uniform actions, policy actions at s and policy actions at s', each (with
   importance sampling) corrected by its log-density;
 - target critics follow by Polyak averaging with rate τ.
+All three losses are computed from the networks (and α) as they are before the update, then α, the
+actor and the critics step, in CORL's order.
 The loop (dataset, corruption, evaluation, checkpoints) is in agents/offline_common.py.
 """
 
@@ -165,24 +167,28 @@ class CQL(OfflineAgent):
         return self.critic(obs, actions)[..., 0].min(dim=0).values
 
     def learn(self, batch: Batch) -> dict[str, torch.Tensor]:
-        losses = self._update_actor_and_alpha(batch.obs)
-        losses.update(self._update_critic(batch))
+        # every loss from the networks as they are before this update, then the steps (CORL's order)
+        actor_loss, alpha_loss, losses = self._actor_and_alpha_losses(batch.obs)
+        critic_loss, critic_losses = self._critic_loss(batch)
+        if alpha_loss is not None:
+            self.optimize("log_alpha", alpha_loss)
+        self.optimize("actor", actor_loss)
+        self.optimize("critic", critic_loss)
         self.polyak(self._critic_params, self._target_params)
-        return losses
+        return {**losses, **critic_losses}
 
-    def _update_actor_and_alpha(self, obs: torch.Tensor) -> dict[str, torch.Tensor]:
+    def _actor_and_alpha_losses(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None, dict]:
         actions, log_prob = self.actor.sample(obs)
         self.critic.requires_grad_(False)  # the actor loss needs gradients w.r.t. actions only
         q_pi = self.q_value(obs, actions)
         self.critic.requires_grad_(True)
         actor_loss = (self.alpha * log_prob - q_pi).mean()
-        self.optimize("actor", actor_loss)
         losses = {"losses/actor_loss": actor_loss.detach(), "losses/alpha": self.alpha}
+        alpha_loss = None
         if self.config.autotune:
             alpha_loss = -(self.log_alpha * (log_prob.detach() + self.target_entropy)).mean()
-            self.optimize("log_alpha", alpha_loss)
             losses["losses/alpha_loss"] = alpha_loss.detach()
-        return losses
+        return actor_loss, alpha_loss, losses
 
     @torch.no_grad()
     def _proposal_actions(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
@@ -202,7 +208,7 @@ class CQL(OfflineAgent):
                                  current_log_prob, following_log_prob]).view(3 * n, batch_size)
         return actions, log_density
 
-    def _update_critic(self, batch: Batch) -> dict[str, torch.Tensor]:
+    def _critic_loss(self, batch: Batch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         config = self.config
         with torch.no_grad():
             next_actions, next_log_prob = self.actor.sample(batch.next_obs)
@@ -224,11 +230,10 @@ class CQL(OfflineAgent):
         soft_max = config.cql_temp * torch.logsumexp(q_proposals / config.cql_temp, dim=1)  # (E, B)
         conservative_gap = (soft_max - q_data).mean(dim=1).sum()
         critic_loss = td_loss + config.cql_alpha * conservative_gap
-        self.optimize("critic", critic_loss)
         num_critics = q_data.shape[0]
-        return {"losses/qf_loss": td_loss.detach() / num_critics,
-                "losses/cql_gap": conservative_gap.detach() / num_critics,
-                "losses/qf_values": q_data.detach().mean()}
+        return critic_loss, {"losses/qf_loss": td_loss.detach() / num_critics,
+                             "losses/cql_gap": conservative_gap.detach() / num_critics,
+                             "losses/qf_values": q_data.detach().mean()}
 
 
 def train(config: CQLConfig) -> TrainResult:

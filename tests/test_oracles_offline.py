@@ -327,16 +327,16 @@ def cql_oracle(params: dict, batch: Batch, config: CQLConfig, noise: dict, low, 
         alpha_loss = -(log_alpha["log_alpha"] * (pi_log_prob.detach() - action_dim)).mean()
         step_group(alpha_loss, log_alpha, config.policy_lr, new, grads)
         losses["losses/alpha_loss"] = alpha_loss
-    # the critic step samples from the actor (and α) after their step, as the agent orders its updates
-    next_actions, next_log_prob = cql_policy(next_obs, new, noise["next"], scale, shift)
+    # the critic's loss samples from the actor (and uses α) as they were before their steps (CORL's order)
+    next_actions, next_log_prob = cql_policy(next_obs, params, noise["next"], scale, shift)
     next_q_all = ensemble_q(next_obs, next_actions, params, "critic_target")
     next_q = next_q_all.min(dim=0).values
     if config.backup_entropy:
-        next_q = next_q - new["log_alpha"].exp() * next_log_prob
+        next_q = next_q - params["log_alpha"].exp() * next_log_prob
     y = rewards + config.gamma * (1.0 - terminated) * next_q
     uniform = low + noise["uniform"] * (high - low)
-    current, current_log_prob = cql_policy(obs.repeat(n, 1), new, noise["current"], scale, shift)
-    following, following_log_prob = cql_policy(next_obs.repeat(n, 1), new, noise["following"], scale, shift)
+    current, current_log_prob = cql_policy(obs.repeat(n, 1), params, noise["current"], scale, shift)
+    following, following_log_prob = cql_policy(next_obs.repeat(n, 1), params, noise["following"], scale, shift)
     critic = leaves(params, "critic.")
     q_data = ensemble_q(obs, actions, critic, "critic")  # (E, B)
     num_critics = q_data.shape[0]
