@@ -473,6 +473,10 @@ def train_off_policy(agent_cls: type[OffPolicyAgent], config: OffPolicyConfig, v
             restore_rng_state(checkpoint["rng"], action_rng)
         with restoring(run_dir / BUFFER_FILE):
             buffer.load(run_dir / BUFFER_FILE)
+        # the envs restart: the interrupted episodes end where the checkpoint cut them
+        buffer.end_episodes()
+        if agent.reward_scaler is not None:
+            agent.reward_scaler.reset_returns()
 
     def write_checkpoint() -> None:
         buffer.save(run_dir / BUFFER_FILE)

@@ -94,6 +94,15 @@ class ReplayBuffer:
         self.pos = (self.pos + self.num_envs) % self.capacity
         self.size = min(self.size + self.num_envs, self.capacity)
 
+    def end_episodes(self) -> None:
+        """Mark the newest transition of every env as the end of its episode (a truncation): call it when
+        the envs restart mid-episode, as a resumed run does, so n-step returns do not run on into the new
+        episodes. The transitions themselves stay valid (their next observations are the true ones)."""
+        if self.size == 0:
+            return
+        newest = torch.arange(self.pos - self.num_envs, self.pos, device=self.device) % self.capacity
+        self.truncated[newest] = True
+
     def sample(self, batch_size: int) -> Batch:
         """Sample `batch_size` transitions uniformly with replacement."""
         if self.size == 0:

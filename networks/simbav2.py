@@ -284,6 +284,10 @@ class RewardScaler(nn.Module):
         torch.maximum(self.max_abs_return, self.returns.abs().max(), out=self.max_abs_return)
         self.returns.masked_fill_(dones, 0.0)
 
+    def reset_returns(self) -> None:
+        """Start every env's return trace afresh (new episodes begin without an episode end, as on resume)."""
+        self.returns.zero_()
+
     def denominator(self) -> torch.Tensor:
         """max(std of G, max |G| / v_max) as a float64 scalar; about 1 before any update."""
         std = torch.sqrt(self.return_stats.var + self.eps)
