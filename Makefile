@@ -17,14 +17,17 @@ install: $(STAMP)
 $(STAMP): setup.py Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install "$(TORCH)"
-	$(PY) -m pip install -e ".[dev,envpool,llm,ray,offline]" || $(PY) -m pip install -e ".[dev,llm,ray,offline]" || $(PY) -m pip install -e ".[dev,llm,offline]"
+	$(PY) -m pip install -e ".[dev,llm,offline]"
+	# optional backends: a failed install is said loudly here, and their tests skip with the reason (make test shows it)
+	$(PY) -m pip install -e ".[envpool]" || echo "WARNING: envpool did not install on this machine: the envpool tests will be SKIPPED"
+	$(PY) -m pip install -e ".[ray]" || echo "WARNING: ray did not install on this machine: the Ray leaderboard test will be SKIPPED"
 	touch $(STAMP)
 
 train: $(STAMP)
 	$(PY) -m keelrl.agents.sac --env-id $(ENV) --total-timesteps $(STEPS) --seed $(SEED) $(ARGS)
 
 test: $(STAMP)
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q -rs tests
 
 clean:
 	rm -rf $(VENV) build *.egg-info

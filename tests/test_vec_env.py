@@ -18,7 +18,8 @@ try:
 
     BACKENDS = ["gymnasium", "envpool"]
 except ImportError:
-    BACKENDS = ["gymnasium", pytest.param("envpool", marks=pytest.mark.skip(reason="envpool is not installed"))]
+    NO_ENVPOOL = "envpool is not installed (make install printed why): pip install 'keelrl[envpool]'"
+    BACKENDS = ["gymnasium", pytest.param("envpool", marks=pytest.mark.skip(reason=NO_ENVPOOL))]
 
 
 def random_actions(seed: int) -> np.ndarray:
