@@ -557,3 +557,17 @@ def test_stream_ac_steps_match_an_obgd_oracle(continuous, coef):
         assert_stream_state(agent.critic, agent.optimizers["critic"], critic, critic_trace, f"critic step {i + 1}")
         assert_stream_state(agent.actor, agent.optimizers["actor"], actor, actor_trace, f"actor step {i + 1}")
     assert signs[:2] == [True, False]  # both signs of δ exercised the entropy term
+
+
+def test_the_multipliers_say_when_they_step():
+    """The schedule in the docs is the one the λ tests above pin: once per batch of finished training
+    episodes, never per gradient update (the docstring used to say "one step per update")."""
+    import inspect
+
+    from keelrl.agents import lagrange
+
+    for doc in (inspect.getdoc(lagrange), inspect.getdoc(lagrange.GradientMultiplier),
+                inspect.getdoc(lagrange.PIDMultiplier)):
+        assert "once per batch of finished" in " ".join(doc.split()), doc
+    assert "one step per update" not in inspect.getdoc(lagrange.GradientMultiplier)
+    assert "OmniSafe" in inspect.getdoc(lagrange) and "omnisafe/common/lagrange.py" in inspect.getdoc(lagrange)
