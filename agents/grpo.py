@@ -9,14 +9,18 @@ The algorithm, top to bottom:
   supervised warm-up on random, well-formed answers teaches the format (so accuracy starts at chance);
 - each iteration samples `num_prompts` train prompts and `group_size` completions of each through
   keelrl.envs.token_env.GroupTokenEnv (KV-cache decoding); the task's verifier scores each completion;
-- advantage of completion i in its group: A_i = r_i − mean(r), divided by std(r) + ε unless --no-scale-std
-  (Dr. GRPO); negative advantages are multiplied by `negative_weight`; with --filter-zero-std, groups whose
-  rewards are all equal are dropped and more are sampled (DAPO's dynamic sampling);
+- advantage of completion i (--sample-weighting): GRPO (the default) A_i = r_i − mean(r) over its group,
+  divided by std(r) + ε unless --no-scale-std (Dr. GRPO), every sample weighted 1; or one of Zhu et al.
+  2025's REINFORCE-style decompositions for rewards in [0, 1]: PSR A = r (only correct samples), NSR
+  A = r − 1 (only incorrect ones), W-REINFORCE A = λr − (1 − r) with λ = --positive-weight 0.1;
+  with --filter-zero-std, groups whose rewards are all equal are dropped and more are sampled (DAPO's
+  dynamic sampling);
 - `update_epochs` passes over `num_minibatches` minibatches minimise, per completion token,
-      −min(ρA, clip(ρ, 1 − ε_low, 1 + ε_high)A) + β·k3(π_ref, π) − c·H(π),   ρ = π(token) / π_old(token),
-  where the first term can be kept only on the top `top_entropy_fraction` tokens by entropy ("forking
-  tokens"), k3 = π_ref/π − log(π_ref/π) − 1, and each term is aggregated by token-mean (DAPO),
-  sequence-mean (GRPO) or a constant normaliser (Dr. GRPO: sum / (completions × max_new_tokens));
+      −min(ρA, clip(ρ, 1 − ε_low, 1 + ε_high)A)·m + β·k3(π_ref, π) − c·H(π),   ρ = π(token) / π_old(token),
+  where m is 1, or with --top-entropy-fraction f < 1 ("forking tokens") 1 only on tokens whose entropy under
+  the current policy is at least the (1 − f) quantile of the minibatch's completion-token entropies (as TRL),
+  k3 = π_ref/π − log(π_ref/π) − 1, and each term is aggregated over all completion tokens by token-mean
+  (DAPO), sequence-mean (GRPO) or a constant normaliser (Dr. GRPO: sum / (completions × max_new_tokens));
   AdamW, learning rate annealed linearly to 0 over `iterations`;
 - every `eval_every` iterations: greedy accuracy, pass@1 and unbiased pass@k on held-out prompts.
 
@@ -31,7 +35,7 @@ checkpoint.pt (resume with --resume RUN_DIR) and model.pt (GRPO.load).
 from __future__ import annotations
 
 import dataclasses
-import math
+import json
 import os
 import time
 from collections import defaultdict
@@ -42,12 +46,14 @@ import torch
 
 from keelrl.agents.common import (
     CHECKPOINT_FILE,
+    CONFIG_FILE,
     DEFAULT_THREADS,
     RunLogger,
     load_checkpoint,
     new_run_dir,
     progress_bar,
     restore_rng_state,
+    restoring,
     rng_state,
     run_cli,
     save_checkpoint,
@@ -63,6 +69,7 @@ from keelrl.networks.lm_policy import (
     Completions,
     LMPolicy,
     cat_completions,
+    check_room,
     context_length_of,
     left_pad,
     load_pretrained,
@@ -70,6 +77,9 @@ from keelrl.networks.lm_policy import (
 
 ALGO = "grpo"
 AGGREGATIONS = ("token-mean", "sequence-mean", "constant")
+SAMPLE_WEIGHTINGS = ("grpo", "psr", "nsr", "w-reinforce")
+REMOVED_OPTIONS = {"negative_weight": 1.0}
+"""options earlier versions saved in runs, with the value under which today's GRPO trains the same"""
 
 
 @dataclasses.dataclass
@@ -93,9 +103,10 @@ class GRPOConfig:
     n_head: int = 4
     """tiny GPT-2: attention heads"""
     context_length: int = 32
-    """tokens of prompt + completion (the tiny GPT-2's position table; at most the loaded model's)"""
+    """tokens of prompt + completion (the tiny GPT-2's position table; at most the loaded model's); the longest
+    prompt + max_new_tokens must fit, checked before the run starts on the first batch and the held-out prompts"""
     max_new_tokens: int = 6
-    """tokens per completion (EOS included) before it is truncated"""
+    """tokens per completion (EOS included) before it is truncated; warm-up answers are cut to it too"""
     num_prompts: int = 32
     """prompts per iteration"""
     group_size: int = 4
@@ -118,8 +129,16 @@ class GRPOConfig:
     """optimisation passes over each batch (GRPO's μ; DeepSeekMath used 1, the tiny model learns much faster with 4)"""
     num_minibatches: int = 2
     """minibatches per pass (one optimiser step each)"""
+    sample_weighting: str = "grpo"
+    """advantages: 'grpo' (group-relative (r − mean)/(std + ε), every sample weight 1: Shao et al. 2024), or for
+    rewards in [0, 1] one of Zhu et al. 2025 ("The Surprising Effectiveness of Negative Reinforcement in LLM
+    Reasoning"): 'psr' A = r (reinforce correct samples only), 'nsr' A = r − 1 (penalise incorrect samples only),
+    'w-reinforce' A = positive_weight·r − (1 − r) (correct ×λ, incorrect ×1); the last three use no group baseline"""
+    positive_weight: float = 0.1
+    """λ of --sample-weighting w-reinforce: the weight of correct samples against 1 for incorrect ones (the
+    paper's 0.1); unused by the other weightings"""
     scale_std: bool = True
-    """divide advantages by the group's reward std (GRPO); --no-scale-std is Dr. GRPO"""
+    """with --sample-weighting grpo: divide advantages by the group's reward std (GRPO); --no-scale-std is Dr. GRPO"""
     std_eps: float = 1e-4
     """ε added to the group std"""
     clip_low: float = 0.2
@@ -134,11 +153,11 @@ class GRPOConfig:
     """entropy bonus coefficient (0 in the papers; on a+b the tiny model reached 0.6 held-out in 3 of 3 seeds with
     0.02, 1 of 3 without: benchmarks/results/rlvr.md)"""
     top_entropy_fraction: float = 1.0
-    """keep the policy-gradient term only on this top share of tokens by entropy (0.2: "forking tokens"; 1: all)"""
-    negative_weight: float = 0.5
-    """multiplier on negative advantages (1: plain GRPO; > 1 upweights negative samples; 0.5 generalised best here)"""
+    """keep the policy-gradient term only on about this top share of tokens by the current policy's entropy (0.2:
+    "forking tokens", Wang et al. 2025; 1: all); the loss is still normalised by all completion tokens, as TRL"""
     filter_zero_std: bool = False
-    """drop groups whose rewards are all equal and sample more (DAPO's dynamic sampling)"""
+    """drop groups whose rewards are all equal and sample more (DAPO's dynamic sampling; under psr, nsr and
+    w-reinforce such groups still carry a gradient, which this drops)"""
     max_sample_rounds: int = 3
     """with --filter-zero-std: sampling rounds per iteration to fill num_prompts informative groups"""
     warmup_steps: int = 150
@@ -176,7 +195,9 @@ def validate(config: GRPOConfig) -> None:
     for name in positive:
         if getattr(config, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be positive, got {getattr(config, name)}.")
-    if config.scale_std and config.group_size < 2:
+    if config.sample_weighting not in SAMPLE_WEIGHTINGS:
+        raise ValueError(f"--sample-weighting must be one of {SAMPLE_WEIGHTINGS}, got {config.sample_weighting!r}.")
+    if config.sample_weighting == "grpo" and config.scale_std and config.group_size < 2:
         raise ValueError(f"--group-size {config.group_size}: the group std needs at least 2 completions per prompt; "
                          f"raise --group-size or use --no-scale-std (Dr. GRPO).")
     if config.loss_aggregation not in AGGREGATIONS:
@@ -192,7 +213,7 @@ def validate(config: GRPOConfig) -> None:
     if not 0.0 <= config.clip_low < 1.0 or config.clip_high < 0.0:
         raise ValueError(f"clip ranges need 0 <= --clip-low < 1 and --clip-high >= 0, "
                          f"got {config.clip_low} and {config.clip_high}.")
-    nonnegative = ["beta", "ent_coef", "weight_decay", "negative_weight", "max_minutes", "warmup_steps", "eval_every",
+    nonnegative = ["beta", "ent_coef", "weight_decay", "positive_weight", "max_minutes", "warmup_steps", "eval_every",
                    "std_eps"]
     for name in nonnegative:
         if getattr(config, name) < 0:
@@ -208,17 +229,34 @@ def validate(config: GRPOConfig) -> None:
 
 # ---- the GRPO objective, term by term (each tested on hand-made groups) ----
 
-def group_advantages(rewards: torch.Tensor, group_size: int, scale_std: bool = True, eps: float = 1e-4,
-                     negative_weight: float = 1.0) -> torch.Tensor:
-    """(P·G,) rewards, rows grouped by prompt -> (P·G,) advantages r − mean [/ (std + ε)], negatives × weight."""
+def group_advantages(rewards: torch.Tensor, group_size: int, scale_std: bool = True, eps: float = 1e-4) -> torch.Tensor:
+    """(P·G,) rewards, rows grouped by prompt -> (P·G,) GRPO advantages r − mean [/ (std + ε)], all weighted 1."""
     if scale_std and group_size < 2:
         raise ValueError(f"std scaling needs groups of at least 2 completions, got group_size {group_size}.")
     grouped = rewards.view(-1, group_size)  # (P·G,) -> (P, G)
     advantages = grouped - grouped.mean(1, keepdim=True)
     if scale_std:
         advantages = advantages / (grouped.std(1, keepdim=True) + eps)  # unbiased std, as TRL
-    advantages = advantages.flatten()
-    return torch.where(advantages < 0, advantages * negative_weight, advantages)
+    return advantages.flatten()
+
+
+def sample_advantages(rewards: torch.Tensor, group_size: int, weighting: str = "grpo", scale_std: bool = True,
+                      eps: float = 1e-4, positive_weight: float = 0.1) -> torch.Tensor:
+    """(P·G,) rewards -> (P·G,) advantages of a sample weighting (see GRPOConfig.sample_weighting).
+
+    'grpo': group_advantages. Zhu et al. 2025 split RLVR with binary rewards into positive and negative sample
+    reinforcement; for rewards r in [0, 1] (1: correct), 'psr' is A = r, 'nsr' is A = −(1 − r) and
+    'w-reinforce' is A = λ·r − (1 − r): a correct sample gets +λ, an incorrect one −1.
+    """
+    if weighting == "grpo":
+        return group_advantages(rewards, group_size, scale_std, eps)
+    if weighting == "psr":
+        return rewards.clone()
+    if weighting == "nsr":
+        return rewards - 1.0
+    if weighting == "w-reinforce":
+        return positive_weight * rewards - (1.0 - rewards)
+    raise ValueError(f"sample weighting must be one of {SAMPLE_WEIGHTINGS}, got {weighting!r}.")
 
 
 def informative_groups(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
@@ -259,13 +297,15 @@ def aggregate(values: torch.Tensor, mask: torch.Tensor, mode: str, normalizer: f
 
 
 def forking_mask(entropy: torch.Tensor, mask: torch.Tensor, top_fraction: float) -> torch.Tensor:
-    """(N, T) bool: the ceil(top_fraction · n) highest-entropy tokens among the n where mask is True."""
-    valid_positions = mask.flatten().nonzero().squeeze(1)
-    keep = math.ceil(top_fraction * valid_positions.numel())
-    chosen = valid_positions[entropy.flatten()[valid_positions].topk(keep).indices]
-    kept = torch.zeros(mask.numel(), dtype=torch.bool, device=mask.device)
-    kept[chosen] = True
-    return kept.view_as(mask)
+    """(N, T) bool: the tokens where mask is True whose entropy is at least the (1 − top_fraction) quantile
+    (linear interpolation) of the entropies where mask is True: about the top_fraction highest-entropy tokens,
+    ties at the threshold all kept (TRL's get_high_entropy_mask). Only a mask: the loss it multiplies is still
+    normalised by all completion tokens."""
+    valid = entropy.detach()[mask].float()
+    if valid.numel() == 0:
+        return torch.zeros_like(mask)
+    threshold = torch.quantile(valid, 1.0 - top_fraction)
+    return (entropy.detach() >= threshold) & mask
 
 
 # ---- the agent ----
@@ -311,8 +351,10 @@ class GRPO:
         for _ in range(self.config.warmup_steps):
             problems = [task.sample(rng, "train") for _ in range(self.config.warmup_batch_size)]
             prompts = [tokenizer.encode(p.prompt, add_special_tokens=False) for p in problems]
-            answers = [tokenizer.encode(task.random_answer(p, rng), add_special_tokens=False) + [tokenizer.eos_token_id]
-                       for p in problems]
+            # cut as the env cuts completions: at max_new_tokens, and where prompt + answer fills the context
+            room = [max(0, min(self.config.max_new_tokens, self.config.context_length - len(ids))) for ids in prompts]
+            answers = [(tokenizer.encode(task.random_answer(p, rng), add_special_tokens=False)
+                        + [tokenizer.eos_token_id])[:keep] for p, keep in zip(problems, room)]
             batch = supervised_batch(self.policy, prompts, answers)
             log_probs, _ = self.policy.token_log_probs(batch)
             nll = -aggregate(log_probs, batch.mask, "token-mean", 1.0)
@@ -323,9 +365,6 @@ class GRPO:
     def update(self, batch: Completions, advantages: torch.Tensor) -> dict[str, float]:
         """update_epochs passes of num_minibatches clipped policy-gradient steps on one batch of groups."""
         config = self.config
-        pg_mask = batch.mask
-        if config.top_entropy_fraction < 1.0:  # forking tokens, by the sampling policy's entropy
-            pg_mask = forking_mask(batch.entropy, batch.mask, config.top_entropy_fraction)
         ref_log_probs = None
         if self.reference is not None:
             with torch.no_grad():
@@ -341,7 +380,11 @@ class GRPO:
                 log_probs, entropy = self.policy.token_log_probs(minibatch)
                 ratio = (log_probs - minibatch.log_probs).exp()
                 pg_loss, clipped = clipped_policy_loss(ratio, advantages[rows], config.clip_low, config.clip_high)
-                policy_loss = agg(pg_loss, pg_mask[rows])
+                if config.top_entropy_fraction < 1.0:
+                    # forking tokens as TRL: the threshold comes from the current policy's entropies in this loss
+                    # pass, the mask multiplies the per-token loss, and agg still divides by all completion tokens
+                    pg_loss = pg_loss * forking_mask(entropy, minibatch.mask, config.top_entropy_fraction)
+                policy_loss = agg(pg_loss, minibatch.mask)
                 entropy_mean = agg(entropy, minibatch.mask)
                 loss = policy_loss - config.ent_coef * entropy_mean
                 if ref_log_probs is not None:
@@ -378,7 +421,8 @@ class GRPO:
     def load(cls, path: str | os.PathLike) -> GRPO:
         """A saved agent; a --model-path run needs its model directory (for the tokenizer and architecture)."""
         state = load_checkpoint(path, ALGO)
-        config = GRPOConfig(**state["config"])
+        known = {field.name for field in dataclasses.fields(GRPOConfig)}  # a removed option does not change the model
+        config = GRPOConfig(**{name: value for name, value in state["config"].items() if name in known})
         agent = cls(build_policy(config, state["vocab"]), config)
         agent.policy.load_state_dict(state["policy"])
         return agent
@@ -425,7 +469,8 @@ def rollout(policy: LMPolicy, env: GroupTokenEnv, problems: list[Problem] | None
     decoder = policy.decoder(info["prompt_ids"])
     rewards, errors = np.zeros(env.num_envs), 0
     while not env.done.all():
-        tokens = decoder.sample(greedy)
+        # rows the env has ended (EOS, max_new_tokens or its context) hold their position ids while the rest go on
+        tokens = decoder.sample(greedy, finished=torch.as_tensor(env.done, device=policy.device))
         _, step_rewards, _, _, step_info = env.step(tokens.cpu().numpy())
         rewards += step_rewards
         errors += step_info["verifier_errors"]
@@ -523,7 +568,15 @@ def train(config: GRPOConfig) -> GRPOResult:
     """Warm up, then sample groups, update, log, evaluate and checkpoint until `iterations` or `max_minutes`."""
     start_time = time.perf_counter()
     config, run_dir, checkpoint = start_or_resume(config, ALGO, validate,
-                                                  keep_from_command_line=("quiet", "max_minutes"))
+                                                  keep_from_command_line=("quiet", "max_minutes"),
+                                                  checkpoint_keys=("iteration", "agent", "rng", "vocab", "history"))
+    if run_dir is not None:  # resuming: the saved run must not rely on an option that no longer exists
+        saved = json.loads((run_dir / CONFIG_FILE).read_text())["config"]
+        for name, same in REMOVED_OPTIONS.items():
+            if saved.get(name, same) != same:
+                raise ValueError(f"--resume {run_dir}: that run trained with {name} {saved[name]}, an option GRPO no "
+                                 f"longer has (every advantage is weighted 1 by default now; see --sample-weighting); "
+                                 f"it cannot continue with the same objective, so start a new run.")
     set_threads(config.threads)
     seed_everything(config.seed)
     task = make_task(config.task, config.task_size, config.max_value, config.heldout_fraction)
@@ -532,15 +585,22 @@ def train(config: GRPOConfig) -> GRPOResult:
     env = GroupTokenEnv(task, agent.policy.tokenizer, config.num_prompts, config.group_size, config.max_new_tokens,
                         config.context_length, "train", seed=config.seed)
     heldout = task.problems("heldout", config.eval_prompts, seed=0)  # the same held-out prompts for every seed
-    env.reset()  # a prompt too long for the context fails here, before a run directory is made
+    # a prompt too long for the context fails here, before a run directory is made; so does a prompt that leaves
+    # less than max_new_tokens of room (checked on the prompts known now: the first batch and the held-out set;
+    # a longer one drawn later is cut at the context by the env, and decoding holds its position ids in range)
+    _, info = env.reset()
+    check_room([len(ids) for ids in info["prompt_ids"]]
+               + [len(agent.policy.tokenizer.encode(p.prompt, add_special_tokens=False)) for p in heldout],
+               config.max_new_tokens, config.context_length, "--context-length")
     if run_dir is None:
         run_dir = new_run_dir(config.runs_dir, f"rlvr-{config.task}", ALGO, config.seed)
         save_config(run_dir, ALGO, config)
     history: list[dict[str, float]] = []
     if checkpoint is not None:
-        agent.load_training_state(checkpoint["agent"])
-        restore_rng_state(checkpoint["rng"], env.np_random)  # the prompt sampler and torch continue where they were
-        history = checkpoint["history"]
+        with restoring(run_dir / CHECKPOINT_FILE):
+            agent.load_training_state(checkpoint["agent"])
+            restore_rng_state(checkpoint["rng"], env.np_random)  # the prompt sampler and torch continue where they were
+            history = list(checkpoint["history"])
 
     def write_checkpoint() -> None:
         save_checkpoint(run_dir / CHECKPOINT_FILE, {
@@ -577,8 +637,8 @@ def train(config: GRPOConfig) -> GRPOResult:
             if config.anneal_lr:
                 agent.set_learning_rate(config.learning_rate * (1.0 - iteration / config.iterations))
             if batch is not None:
-                advantages = group_advantages(rewards, config.group_size, config.scale_std, config.std_eps,
-                                              config.negative_weight)
+                advantages = sample_advantages(rewards, config.group_size, config.sample_weighting, config.scale_std,
+                                               config.std_eps, config.positive_weight)
                 losses = agent.update(batch, advantages)
             iteration += 1
             bar.update(1)

@@ -1,6 +1,6 @@
 """RLVR learning check: a 2-layer GPT-2 learns single-digit a+b with GRPO on one CPU thread in 3 minutes.
 
-    taskset -c 1 python -m keelrl.benchmarks.rlvr_learning
+    taskset -c 0 python -m keelrl.benchmarks.rlvr_learning --runs-dir /tmp/rlvr_runs --commit-note "..."
 
 For each seed, with the entropy bonus (GRPOConfig's default 0.02) and without it (0), trains GRPO on
 `add` (a+b, digits 0-9; 20% of the 100 problems held out by prompt hash) with a wall-clock limit of
@@ -8,7 +8,9 @@ For each seed, with the entropy bonus (GRPOConfig's default 0.02) and without it
 chance), then RL. Reports held-out greedy accuracy after the warm-up and at the end, the minutes at
 which an evaluation first reached the threshold, pass@1 / pass@4 at the end, iterations done, and the
 CPU seconds the run got (less than its wall time when other processes share the core). The table goes
-to benchmarks/results/rlvr.md (its learning section is replaced).
+to benchmarks/results/rlvr.md (its learning section is replaced), with the command (pinning and the options
+that change figures; --runs-dir is left out), the machine and the commit (`git rev-parse HEAD` plus
+--commit-note, e.g. to say the tree had uncommitted changes).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import dataclasses
 import os
 import platform
 import re
+import subprocess
 import time
 from pathlib import Path
 
@@ -43,14 +46,49 @@ class Args:
     """parent directory of the run directories"""
     output: str = "benchmarks/results/rlvr.md"
     """Markdown file whose learning section is replaced"""
+    commit_note: str = ""
+    """written after the commit hash (e.g. 'with uncommitted fixes of ...' when the tree was not clean)"""
+
+
+FIGURE_OPTIONS = ("seeds", "ent_coefs", "max_minutes", "threshold", "eval_every")
+"""Args that change the table (the command written to the results names those not at their default)"""
+
+
+def command_of(args: Args) -> str:
+    """The command line that reproduces the figures: CPU pinning and the non-default options that matter."""
+    affinity = sorted(os.sched_getaffinity(0))
+    pin = f"taskset -c {','.join(map(str, affinity))} " if len(affinity) < (os.cpu_count() or 0) else ""
+    defaults, options = Args(), []
+    for name in FIGURE_OPTIONS:
+        value = getattr(args, name)
+        if value != getattr(defaults, name):
+            words = " ".join(f"{v:g}" if isinstance(v, float) else str(v) for v in
+                             (value if isinstance(value, tuple) else (value,)))
+            options.append(f"--{name.replace('_', '-')} {words}")
+    return " ".join([f"{pin}python -m keelrl.benchmarks.rlvr_learning", *options])
+
+
+def commit_of(note: str) -> str:
+    try:
+        head = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True,
+                              cwd=Path(__file__).resolve().parent).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        head = "unknown (not a git checkout)"
+    return f"{head} {note}".strip()
 
 
 def machine_description() -> str:
+    """CPU (with family/model and whether it has AVX-512: "AMD EPYC" alone names several generations, whose
+    different kernels round differently, so the same seed takes a different path), cores, torch, transformers."""
     cpu = platform.processor() or platform.machine()
     try:
-        cpu = next(line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                   if line.startswith("model name"))
-    except (OSError, StopIteration):
+        fields = {}
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            fields.setdefault(key.strip(), value.strip())
+        avx512 = "AVX-512" if "avx512f" in fields.get("flags", "").split() else "no AVX-512"
+        cpu = f"{fields['model name']} (family {fields['cpu family']} model {fields['model']}, {avx512})"
+    except (OSError, KeyError):
         pass
     import transformers
 
@@ -77,17 +115,27 @@ def run(seed: int, ent_coef: float, args: Args) -> dict:
                         threads=1, quiet=True, runs_dir=args.runs_dir)
     cpu_start, wall_start = time.process_time(), time.perf_counter()
     result = train(config)
-    reached = [h["minutes"] for h in result.history if h["greedy_accuracy"] >= args.threshold]
+    reached = [h for h in result.history if h["greedy_accuracy"] >= args.threshold]
     return {
         "seed": seed, "ent_coef": ent_coef, "start": result.history[0]["greedy_accuracy"],
         "final": result.metrics["greedy_accuracy"], "best": max(h["greedy_accuracy"] for h in result.history),
-        "reached": reached[0] if reached else None, "pass@1": result.metrics["pass@1"],
+        "reached": reached[0]["minutes"] if reached else None,
+        "reached_iteration": reached[0]["iteration"] if reached else None, "pass@1": result.metrics["pass@1"],
         "pass@4": result.metrics["pass@4"], "iterations": result.global_step,
         "wall": time.perf_counter() - wall_start, "cpu": time.process_time() - cpu_start,
     }
 
 
+def weighting_of(c: GRPOConfig) -> str:
+    if c.sample_weighting == "grpo":
+        return "GRPO sample weighting (group-relative advantages, every sample weighted 1)"
+    if c.sample_weighting == "w-reinforce":
+        return f"W-REINFORCE sample weighting (correct ×{c.positive_weight:g}, incorrect ×1)"
+    return f"{c.sample_weighting.upper()} sample weighting"
+
+
 def main(args: Args) -> None:
+    commit = commit_of(args.commit_note)  # at the start: the code the runs use
     rows = []
     for ent_coef in args.ent_coefs:
         for seed in args.seeds:
@@ -101,13 +149,15 @@ def main(args: Args) -> None:
         f"{c.n_embd}-wide GPT-2 with a character vocabulary, {c.warmup_steps} warm-up steps on random answers, "
         f"{c.num_prompts} prompts × {c.group_size} completions, AdamW lr {c.learning_rate:g} annealed to 0 over "
         f"{c.iterations} iterations (weight decay {c.weight_decay:g}), {c.update_epochs} epochs × "
-        f"{c.num_minibatches} minibatches, clip {c.clip_low}/{c.clip_high}, k3 KL β {c.beta:g}, negative advantages "
-        f"× {c.negative_weight:g}, {c.loss_aggregation}, 1 thread. Held-out: the {heldout} of the 100 prompts that "
+        f"{c.num_minibatches} minibatches, clip {c.clip_low}/{c.clip_high}, k3 KL β {c.beta:g}, {weighting_of(c)}, "
+        f"{c.loss_aggregation}, 1 thread. Held-out: the {heldout} of the 100 prompts that "
         f"the hash split keeps out of training (the same for every seed); evaluated every {args.eval_every} "
         f"iterations. A run stops at {c.iterations} iterations or {args.max_minutes:g} minutes.",
         "",
         f"Machine: {machine_description()}; CPU affinity {sorted(os.sched_getaffinity(0))}. "
-        f"Command: `taskset -c 1 python -m keelrl.benchmarks.rlvr_learning`.",
+        f"Command: `{command_of(args)}` (with --runs-dir outside the repository; the run directory does not affect "
+        f"the figures). Commit: {commit}. \"first ≥ bar\" is the wall-clock minute of the first evaluation at or "
+        f"above the bar; \"final\" is the evaluation when the run stops.",
         "",
         "| entropy bonus | seed | after warm-up | final | best | first ≥ bar (min) | pass@1 | pass@4 | iterations "
         "| wall s | CPU s |",

@@ -8,6 +8,10 @@ newest token), recomputes per-token log-probs and entropies with gradients for t
 
 Prompts of different lengths are left-padded, so every row's next token sits in the same column;
 position ids count only real tokens, so a padded row sees exactly what it would see alone.
+A prompt and its completion must fit the model's position table: `generate` (and a `Decoder` told its
+`max_new_tokens`) refuses a batch whose longest prompt + max_new_tokens does not fit, up front. Rows
+that end before the others (EOS, or a caller such as GroupTokenEnv cutting them at its context) keep
+being fed while the batch goes on; their position ids are held where they ended, so they stay in range.
 transformers is imported only where a model is loaded or built (the `llm` extra).
 """
 
@@ -114,16 +118,19 @@ class LMPolicy(nn.Module):
         """(..., model vocabulary) logits -> (..., tokenizer vocabulary) log-probs of the policy."""
         return torch.log_softmax(logits[..., : self.vocab_size].float() / self.temperature, dim=-1)
 
-    def decoder(self, prompts: list[list[int]]) -> Decoder:
-        return Decoder(self, prompts)
+    def decoder(self, prompts: list[list[int]], max_new_tokens: int | None = None) -> Decoder:
+        return Decoder(self, prompts, max_new_tokens)
 
     def generate(self, prompts: list[list[int]], max_new_tokens: int, greedy: bool = False) -> Completions:
-        """Complete every prompt until its first EOS or `max_new_tokens`, all rows at once."""
-        decoder = self.decoder(prompts)
+        """Complete every prompt until its first EOS or `max_new_tokens`, all rows at once.
+
+        Raises ValueError up front when the longest prompt + max_new_tokens exceeds the model's positions.
+        """
+        decoder = self.decoder(prompts, max_new_tokens)
         lengths = torch.full((len(prompts),), max_new_tokens, device=decoder.prompt_ids.device)
         ended = torch.zeros(len(prompts), dtype=torch.bool, device=lengths.device)
         for step in range(max_new_tokens):
-            tokens = decoder.sample(greedy)
+            tokens = decoder.sample(greedy, finished=ended)
             lengths[(tokens == self.eos_token_id) & ~ended] = step + 1
             ended |= tokens == self.eos_token_id
             if ended.all():
@@ -152,35 +159,71 @@ class LMPolicy(nn.Module):
         return reference
 
 
+def check_room(prompt_lengths: list[int], max_new_tokens: int, context_length: int | None, where: str) -> None:
+    """ValueError unless the longest prompt + max_new_tokens fits in context_length (None: no limit known)."""
+    longest = max(prompt_lengths)
+    if context_length is not None and longest + max_new_tokens > context_length:
+        raise ValueError(f"the longest prompt has {longest} tokens, so with max_new_tokens {max_new_tokens} a sequence "
+                         f"needs {longest + max_new_tokens} positions, but {where} holds {context_length}: shorten "
+                         f"the prompts, lower max_new_tokens or raise the context length (prompt + completion "
+                         f"must fit).")
+
+
 class Decoder:
     """Samples one token per row per call; the prompts are encoded once and each later call feeds only the
-    previous call's tokens against the KV cache (no recomputation of the prefix)."""
+    previous call's tokens against the KV cache (no recomputation of the prefix).
 
-    def __init__(self, policy: LMPolicy, prompts: list[list[int]]):
+    Every row is fed at every call, also rows that have ended: `sample(finished=...)` names them, and their
+    position ids then stop advancing (what they are fed is never read), so they stay inside the model's
+    position table while the other rows go on. Given `max_new_tokens`, the decoder refuses up front prompts
+    whose longest + max_new_tokens exceeds the model's positions; without it, a row not marked finished that
+    runs past them raises a ValueError when it gets there.
+    """
+
+    def __init__(self, policy: LMPolicy, prompts: list[list[int]], max_new_tokens: int | None = None):
         self.policy = policy
+        self.max_positions = context_length_of(policy.model)  # None when the model's config does not say
+        if max_new_tokens is not None:
+            check_room([len(p) for p in prompts], max_new_tokens, self.max_positions, "the model's position table")
         self.prompt_ids, self.prompt_mask = left_pad(prompts, policy.pad_token_id, policy.device)
         self._attention = self.prompt_mask.long()  # grows by one column per fed token
+        self._next_position = self.prompt_mask.sum(1)  # (N,) position id of each row's next fed token
         self._cache = None
         self._tokens: list[torch.Tensor] = []
         self._log_probs: list[torch.Tensor] = []
         self._entropy: list[torch.Tensor] = []
 
-    def _next_logits(self) -> torch.Tensor:
+    def _next_logits(self, finished: torch.Tensor | None) -> torch.Tensor:
         if not self._tokens:
             ids, positions = self.prompt_ids, positions_of(self._attention)
         else:
             ids = self._tokens[-1].unsqueeze(1)  # (N, 1): only the newest token goes through the model
             self._attention = F.pad(self._attention, (0, 1), value=1)
-            positions = self._attention.sum(1, keepdim=True) - 1
+            live = torch.ones_like(self._next_position, dtype=torch.bool) if finished is None else ~finished
+            positions = self._next_position
+            if self.max_positions is not None:
+                if bool(((positions >= self.max_positions) & live).any()):
+                    raise ValueError(f"a row still being decoded needs position id {int(positions[live].max())}, "
+                                     f"but the model has {self.max_positions} positions: prompt + completion must "
+                                     f"fit the context (longest prompt + max_new_tokens <= {self.max_positions}).")
+                positions = torch.where(live, positions, positions.clamp(max=self.max_positions - 1))
+            positions = positions.unsqueeze(1)  # (N, 1)
+            self._next_position = self._next_position + live.long()  # a finished row holds its position
         out = self.policy.model(input_ids=ids, attention_mask=self._attention, position_ids=positions,
                                 past_key_values=self._cache, use_cache=True, logits_to_keep=1)
         self._cache = out.past_key_values
         return out.logits[:, -1]  # (N, V)
 
     @torch.no_grad()
-    def sample(self, greedy: bool = False) -> torch.Tensor:
-        """The next token of every row, (N,); greedy takes the most likely one."""
-        log_probs = self.policy.log_softmax(self._next_logits())  # (N, V)
+    def sample(self, greedy: bool = False, finished: torch.Tensor | None = None) -> torch.Tensor:
+        """The next token of every row, (N,); greedy takes the most likely one.
+
+        finished: (N,) bool, rows that have ended (their tokens from now on are never read); the token fed
+        for such a row keeps the position id it had when it ended, so it never leaves the position table.
+        """
+        if finished is not None:
+            finished = torch.as_tensor(finished, dtype=torch.bool, device=self._next_position.device)
+        log_probs = self.policy.log_softmax(self._next_logits(finished))  # (N, V)
         tokens = log_probs.argmax(-1) if greedy else torch.multinomial(log_probs.exp(), 1).squeeze(1)
         self._tokens.append(tokens)
         self._log_probs.append(log_probs.gather(1, tokens.unsqueeze(1)).squeeze(1))

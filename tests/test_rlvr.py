@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 
+from keelrl.agents import grpo as grpo_module
 from keelrl.agents.common import load_checkpoint, run_cli
 from keelrl.agents.grpo import (
     GRPO,
@@ -22,9 +23,11 @@ from keelrl.agents.grpo import (
     group_advantages,
     informative_groups,
     k3_kl,
+    rollout,
+    sample_advantages,
     train,
 )
-from keelrl.envs.rlvr_tasks import Arithmetic, make_task
+from keelrl.envs.rlvr_tasks import Arithmetic, Problem, make_task
 from keelrl.envs.token_env import GroupTokenEnv, TokenEnv
 from keelrl.networks.char_lm import DEFAULT_VOCAB, CharTokenizer, tiny_gpt2
 from keelrl.networks.lm_policy import LMPolicy, cat_completions, left_pad, positions_of
@@ -33,10 +36,10 @@ TOKENIZER = CharTokenizer()
 PROMPTS = ["3+5=", "12+7-4=", "9=", "sort 3,1="]  # different lengths: left padding is exercised
 
 
-def make_policy(temperature: float = 1.0, seed: int = 0) -> LMPolicy:
+def make_policy(temperature: float = 1.0, seed: int = 0, context_length: int = 24) -> LMPolicy:
     pytest.importorskip("transformers")
     torch.manual_seed(seed)
-    return LMPolicy(tiny_gpt2(TOKENIZER, context_length=24, n_embd=32, n_head=2), TOKENIZER, temperature)
+    return LMPolicy(tiny_gpt2(TOKENIZER, context_length=context_length, n_embd=32, n_head=2), TOKENIZER, temperature)
 
 
 def tiny_config(tmp_path, **overrides) -> GRPOConfig:
@@ -122,6 +125,50 @@ def test_cat_completions_repads_prompts_left_and_completions_right():
                                torch.cat([short.log_probs[short.mask], long.log_probs[long.mask]]), atol=1e-5, rtol=0)
 
 
+LONG_AND_SHORT = [Problem("sort 1,2,3=", "1,2,3", (1, 2, 3)), Problem("9=", "9", (9,), 9)]  # 11 and 2 tokens
+
+
+def test_rollout_holds_the_positions_of_rows_the_env_has_cut_at_its_context():
+    # issue 14 item 3: a 12-position model, prompts of 11 and 2 tokens, 6 new tokens; the env ends the long rows
+    # after 1 token (the context is full) while the short rows go on: the ended rows must stay in the table
+    policy = make_policy(context_length=12)
+    env = GroupTokenEnv(make_task("sort", 3), TOKENIZER, num_prompts=2, group_size=2, max_new_tokens=6,
+                        context_length=12)
+    torch.manual_seed(0)
+    completions, _, _ = rollout(policy, env, LONG_AND_SHORT)
+    lengths = completions.mask.sum(1).tolist()
+    assert lengths[:2] == [1, 1]  # 11 prompt tokens + 1 fill the context
+    for row in (2, 3):  # the short rows end at their first EOS or after 6 tokens
+        hits = (completions.tokens[row] == TOKENIZER.eos_token_id).nonzero()
+        assert lengths[row] == (int(hits[0]) + 1 if len(hits) else 6)
+    assert max(lengths[2:]) > 1  # the short rows were decoded past the step where the long ones ended
+    # what the KV-cache decoder sampled is what one full forward pass over prompt + completion gives
+    recomputed, entropy = policy.token_log_probs(completions)
+    torch.testing.assert_close(recomputed[completions.mask], completions.log_probs[completions.mask], atol=1e-5, rtol=0)
+    torch.testing.assert_close(entropy[completions.mask], completions.entropy[completions.mask], atol=1e-5, rtol=0)
+
+
+def test_generate_refuses_prompts_without_room_for_max_new_tokens_and_decodes_when_they_fit():
+    prompts = [TOKENIZER.encode(p.prompt) for p in LONG_AND_SHORT]
+    for context_length in (12, 16):  # 11 + 6 = 17 positions needed
+        policy = make_policy(context_length=context_length)
+        message = f"needs 17 positions, but the model's position table holds {context_length}"
+        with pytest.raises(ValueError, match=message):
+            policy.generate(prompts, max_new_tokens=6)
+    # a decoder not told max_new_tokens refuses (instead of an IndexError) when a running row reaches the limit
+    decoder = make_policy(context_length=12).decoder(prompts)
+    decoder.sample()
+    decoder.sample()  # feeds the long row's first new token at position 11, the last one there is
+    with pytest.raises(ValueError, match="needs position id 12, but the model has 12 positions"):
+        decoder.sample()
+    policy = make_policy(context_length=17)  # exactly enough
+    torch.manual_seed(0)
+    completions = policy.generate(prompts, max_new_tokens=6)
+    assert completions.tokens.shape == (2, 6)
+    recomputed, _ = policy.token_log_probs(completions)
+    torch.testing.assert_close(recomputed[completions.mask], completions.log_probs[completions.mask], atol=1e-5, rtol=0)
+
+
 def test_policy_refuses_a_tokenizer_without_eos():
     pytest.importorskip("transformers")
     tokenizer = CharTokenizer()
@@ -151,12 +198,72 @@ def test_group_advantages_with_and_without_std_scaling():
     assert torch.equal(group_advantages(rewards, 4, eps=1e-4)[8:], torch.zeros(4))
     dr_grpo = group_advantages(rewards, 4, scale_std=False)
     torch.testing.assert_close(dr_grpo, torch.tensor([0.75, -0.25, -0.25, -0.25, 0.5, 0.5, -0.5, -0.5, 0, 0, 0, 0]))
-    weighted = group_advantages(rewards, 4, scale_std=False, negative_weight=2.0)
-    torch.testing.assert_close(weighted, torch.tensor([0.75, -0.5, -0.5, -0.5, 0.5, 0.5, -1, -1, 0, 0, 0, 0]))
     assert informative_groups(rewards, 4).tolist() == [True, True, False]
     with pytest.raises(ValueError, match="at least 2"):
         group_advantages(torch.ones(3), 1, scale_std=True)
     torch.testing.assert_close(group_advantages(torch.tensor([1.0, 0.0]), 1, scale_std=False), torch.zeros(2))
+
+
+def test_sample_weightings_on_hand_made_groups():
+    rewards = torch.tensor([1.0, 0, 0, 0, 1, 1, 0, 0, 1, 1, 1, 1])
+    assert GRPOConfig().sample_weighting == "grpo" and GRPOConfig().positive_weight == 0.1
+    # the default is GRPO: group-relative, every advantage weighted 1 (negatives too)
+    s = 1 / math.sqrt(3)
+    torch.testing.assert_close(sample_advantages(rewards, 4, eps=0.0)[:8],
+                               torch.tensor([1.5, -0.5, -0.5, -0.5, 0.5 / s, 0.5 / s, -0.5 / s, -0.5 / s]))
+    torch.testing.assert_close(sample_advantages(rewards, 4, scale_std=False),
+                               torch.tensor([0.75, -0.25, -0.25, -0.25, 0.5, 0.5, -0.5, -0.5, 0, 0, 0, 0]))
+    # Zhu et al. 2025: PSR +1 on correct only, NSR -1 on incorrect only, W-REINFORCE +lambda / -1; no baseline
+    torch.testing.assert_close(sample_advantages(rewards, 4, "psr"), rewards)
+    torch.testing.assert_close(sample_advantages(rewards, 4, "nsr"),
+                               torch.tensor([0.0, -1, -1, -1, 0, 0, -1, -1, 0, 0, 0, 0]))
+    torch.testing.assert_close(sample_advantages(rewards, 4, "w-reinforce"),
+                               torch.tensor([0.1, -1, -1, -1, 0.1, 0.1, -1, -1, 0.1, 0.1, 0.1, 0.1]))
+    torch.testing.assert_close(sample_advantages(rewards, 4, "w-reinforce", positive_weight=0.5)[:4],
+                               torch.tensor([0.5, -1, -1, -1]))
+    # a reward between 0 and 1 counts as that share correct
+    half = torch.tensor([0.5, 0.5])
+    torch.testing.assert_close(sample_advantages(half, 1, "psr"), torch.tensor([0.5, 0.5]))
+    torch.testing.assert_close(sample_advantages(half, 1, "nsr"), torch.tensor([-0.5, -0.5]))
+    torch.testing.assert_close(sample_advantages(half, 1, "w-reinforce"), torch.tensor([-0.45, -0.45]))
+    with pytest.raises(ValueError, match="sample weighting must be one of"):
+        sample_advantages(rewards, 4, "nsr-ish")
+
+
+@pytest.mark.parametrize("options,weights", [
+    ({}, None),  # the defaults: GRPO, (r - mean) / (std + eps), every sample weighted 1
+    ({"sample_weighting": "w-reinforce"}, (0.1, -1.0)),
+    ({"sample_weighting": "nsr"}, (0.0, -1.0)),
+])
+def test_training_uses_the_advantages_of_its_sample_weighting(options, weights, tmp_path, monkeypatch):
+    pytest.importorskip("transformers")
+    monkeypatch.setattr(grpo_module, "make_task", lambda *args, **kwargs: StartsLow())  # mixed groups
+    seen_rewards, seen_advantages = [], []
+    real_collect, real_update = grpo_module.collect, GRPO.update
+
+    def collect(agent, env):
+        batch, rewards, stats = real_collect(agent, env)
+        seen_rewards.append(rewards.clone())
+        return batch, rewards, stats
+
+    def update(self, batch, advantages):
+        seen_advantages.append(advantages.clone())
+        return real_update(self, batch, advantages)
+
+    monkeypatch.setattr(grpo_module, "collect", collect)
+    monkeypatch.setattr(GRPO, "update", update)
+    train(tiny_config(tmp_path, iterations=3, **options))
+    assert len(seen_rewards) == len(seen_advantages) == 3
+    for rewards, advantages in zip(seen_rewards, seen_advantages):
+        if weights is None:
+            grouped = rewards.view(-1, 4)
+            expected = ((grouped - grouped.mean(1, keepdim=True)) / (grouped.std(1, keepdim=True) + 1e-4)).flatten()
+        else:
+            expected = torch.where(rewards == 1.0, weights[0], weights[1])
+        torch.testing.assert_close(advantages, expected)
+    # not vacuous: right and wrong samples, and negative advantages (which the old default halved)
+    assert (torch.cat(seen_rewards) == 1).any() and (torch.cat(seen_rewards) == 0).any()
+    assert (torch.cat(seen_advantages) < 0).any()
 
 
 def test_loss_aggregation_modes():
@@ -189,6 +296,50 @@ def test_forking_mask_keeps_the_stated_fraction_of_highest_entropy_tokens():
         assert not (kept & ~mask).any()
         dropped = entropy[mask & ~kept]
         assert dropped.numel() == 0 or entropy[kept].min() >= dropped.max()
+
+
+def forking_batch(policy: LMPolicy):
+    torch.manual_seed(0)
+    prompts = [TOKENIZER.encode(p) for p in PROMPTS] * 2
+    return policy.generate(prompts, max_new_tokens=5)
+
+
+@pytest.mark.parametrize("mode", ["token-mean", "sequence-mean", "constant"])
+def test_forking_tokens_mask_the_loss_but_the_normaliser_counts_every_completion_token(mode):
+    # issue 14 item 4 (TRL: per_token_loss * entropy_mask, then the usual aggregation over completion_mask)
+    policy = make_policy()
+    batch = forking_batch(policy)
+    advantages = torch.linspace(-1.0, 1.5, len(batch.tokens))
+    with torch.no_grad():
+        _, entropy = policy.token_log_probs(batch)  # the current policy's entropies (the loss pass's)
+    valid = entropy[batch.mask]
+    kept = (entropy >= torch.quantile(valid, 0.8)) & batch.mask
+    assert 0.15 <= kept.sum() / batch.mask.sum() <= 0.25  # about 20% kept
+    per_token = -advantages.unsqueeze(1) * kept  # ratio is 1 before the first step: the loss is -A on kept tokens
+    lengths = batch.mask.sum(1)
+    expected = {"token-mean": per_token.sum() / batch.mask.sum(),  # all completion tokens, not the kept ones
+                "sequence-mean": (per_token.sum(1) / lengths).mean(),
+                "constant": per_token.sum() / (len(batch.tokens) * 5)}[mode]
+    config = GRPOConfig(top_entropy_fraction=0.2, loss_aggregation=mode, max_new_tokens=5, ent_coef=0.0, beta=0.0,
+                        update_epochs=1, num_minibatches=1)
+    stats = GRPO(policy, config).update(batch, advantages)
+    assert stats["losses/policy_loss"] == pytest.approx(expected.item(), rel=1e-4, abs=1e-6)
+
+
+def test_forking_threshold_comes_from_the_current_policy_not_the_sampling_entropies():
+    policy = make_policy()
+    batch = forking_batch(policy)
+    advantages = torch.linspace(-1.0, 1.5, len(batch.tokens))
+    with torch.no_grad():
+        _, entropy = policy.token_log_probs(batch)
+    kept = (entropy >= torch.quantile(entropy[batch.mask], 0.8)) & batch.mask
+    expected = (-advantages.unsqueeze(1) * kept).sum() / (len(batch.tokens) * 5)
+    # stored sampling entropies ranked the other way round must not choose the tokens
+    stale = batch._replace(entropy=((10.0 - entropy) * batch.mask))
+    config = GRPOConfig(top_entropy_fraction=0.2, loss_aggregation="constant", max_new_tokens=5, ent_coef=0.0,
+                        beta=0.0, update_epochs=1, num_minibatches=1)
+    stats = GRPO(policy, config).update(stale, advantages)
+    assert stats["losses/policy_loss"] == pytest.approx(expected.item(), rel=1e-4, abs=1e-6)
 
 
 def test_update_raises_log_probs_of_positive_advantages_and_lowers_negative_ones():
@@ -286,6 +437,33 @@ def test_resume_continues_from_the_checkpoint(tmp_path):
         assert torch.equal(tensor, resumed_weights[name])
 
 
+def test_warmup_answers_are_cut_to_the_room_rollouts_have(tmp_path):
+    # sort of 3: 11 prompt tokens + 4 new tokens fit the 16-token context, a whole answer ('1,2,3' + EOS) does not
+    pytest.importorskip("transformers")
+    result = train(tiny_config(tmp_path, task="sort", task_size=3, iterations=2))
+    assert result.global_step == 2 and 0.0 <= result.metrics["greedy_accuracy"] <= 1.0
+
+
+def test_a_run_saved_with_a_removed_option_is_not_resumed_under_another_objective(tmp_path):
+    pytest.importorskip("transformers")
+    first = train(tiny_config(tmp_path, iterations=2))
+    config_file = first.run_dir / "config.json"
+    saved = json.loads(config_file.read_text())
+    saved["config"]["negative_weight"] = 0.5  # what earlier versions trained with by default
+    config_file.write_text(json.dumps(saved))
+    with pytest.raises(ValueError, match="negative_weight 0.5, an option GRPO no longer has"):
+        train(GRPOConfig(resume=str(first.run_dir), quiet=True))
+    saved["config"]["negative_weight"] = 1.0  # the same objective as today's: resumes
+    saved["config"]["iterations"] = 3
+    config_file.write_text(json.dumps(saved))
+    assert train(GRPOConfig(resume=str(first.run_dir), quiet=True)).global_step == 3
+    # and a saved model with the old option still loads
+    state = torch.load(first.run_dir / "model.pt", weights_only=True)
+    state["config"]["negative_weight"] = 0.5
+    torch.save(state, tmp_path / "old_model.pt")
+    assert isinstance(GRPO.load(tmp_path / "old_model.pt"), GRPO)
+
+
 def test_wall_clock_limit_stops_the_run(tmp_path):
     pytest.importorskip("transformers")
     result = train(tiny_config(tmp_path, iterations=1000, max_minutes=1e-4))
@@ -343,6 +521,10 @@ def test_a_hugging_face_model_and_tokenizer_from_disk(tmp_path):
     (["--task", "mult"], "unknown RLVR task"),
     (["--model-path", "/nonexistent/model"], "no such directory"),
     (["--top-entropy-fraction", "0"], "--top-entropy-fraction must lie in"),
+    (["--task", "sort", "--task-size", "3", "--context-length", "12", "--max-new-tokens", "6"],
+     "needs 17 positions, but --context-length holds 12"),
+    (["--sample-weighting", "negative"], "--sample-weighting must be one of"),
+    (["--positive-weight", "-0.1"], "--positive-weight must be non-negative"),
 ])
 def test_bad_input_is_one_clear_line_and_exit_code_2(args, message, tmp_path, capsys):
     pytest.importorskip("transformers")
