@@ -26,6 +26,40 @@ def make(agent_cls, config_cls, **options):
     return agent_cls(OBS_DIM, -np.ones(ACTION_DIM), np.ones(ACTION_DIM), config)
 
 
+# The 21 atoms (C51) or bin centres (HL-Gauss) of the support [−10, 10] used below, in float64.
+ATOMS = np.linspace(-10.0, 10.0, 21)
+CENTRES = -10.0 + 20.0 * (np.arange(21) + 0.5) / 21
+
+
+def softmax64(logits: torch.Tensor) -> np.ndarray:
+    x = logits.detach().double().numpy()
+    e = np.exp(x - x.max(-1, keepdims=True))
+    return e / e.sum(-1, keepdims=True)
+
+
+def c51_projection_by_hand(next_probs: np.ndarray, rewards: np.ndarray, discounts: np.ndarray) -> np.ndarray:
+    """C51 (Bellemare et al. 2017, Algorithm 1) on ATOMS, one atom at a time: z = clip(r + γ z_j) hands its
+    probability to its two neighbouring atoms in proportion to closeness."""
+    target = np.zeros_like(next_probs)
+    for b in range(len(rewards)):
+        for j, atom in enumerate(ATOMS):
+            position = (np.clip(rewards[b] + discounts[b] * atom, -10.0, 10.0) + 10.0) / 1.0
+            lower, upper = int(np.floor(position)), int(np.ceil(position))
+            if lower == upper:
+                target[b, lower] += next_probs[b, j]
+            else:
+                target[b, lower] += next_probs[b, j] * (upper - position)
+                target[b, upper] += next_probs[b, j] * (position - lower)
+    return target
+
+
+def hl_gauss_by_hand(values: np.ndarray, sigma: float = 0.75 * 20.0 / 21) -> np.ndarray:
+    """HL-Gauss histograms on the 21 bins of [−10, 10]: N(clip(y), σ²) mass per bin over the mass inside."""
+    edges = np.linspace(-10.0, 10.0, 22)
+    cdf = 0.5 * (1 + np.vectorize(math.erf)((edges - np.clip(values, -10.0, 10.0)[:, None]) / (sigma * math.sqrt(2))))
+    return np.diff(cdf, axis=-1) / (cdf[:, -1:] - cdf[:, :1])
+
+
 @pytest.mark.parametrize("agent_cls, config_cls", [(SAC, SACConfig), (TD3, TD3Config)])
 @pytest.mark.parametrize("network", ["mlp", "simba", "simbav2"])
 @pytest.mark.parametrize("head", ["scalar", "c51", "hlgauss"])
@@ -36,7 +70,31 @@ def test_every_network_and_head_learns_a_fixed_batch(agent_cls, config_cls, netw
     assert outputs.shape == (2, 256, agent.head.num_outputs)
     # the critic fits a fixed target through its head ...
     target = agent.td_target(fixed_batch, fixed_batch.actions, next_bonus=0.0)
+    # ... the target by hand from the target critic's outputs: r + 0.99 (1 − d) min_k Q'_k(s', a) for scalar and
+    # HL-Gauss critics (Q' = Σ softmax · bin centres), the C51 projection of the pessimistic member's distribution
+    rewards, not_done = fixed_batch.rewards.double().numpy(), 1.0 - fixed_batch.terminated.double().numpy()
+    with torch.no_grad():
+        next_outputs = agent.critic_target(fixed_batch.next_obs, fixed_batch.actions)
+    if head == "c51":
+        probs = softmax64(next_outputs)  # (2, B, 21)
+        pessimist = (probs @ ATOMS).argmin(0)
+        expected_target = c51_projection_by_hand(probs[pessimist, np.arange(256)], rewards, 0.99 * not_done)
+        np.testing.assert_allclose(target.double().numpy(), expected_target, rtol=1e-5, atol=1e-6)
+    else:
+        next_q = next_outputs.squeeze(-1).double().numpy() if head == "scalar" else softmax64(next_outputs) @ CENTRES
+        expected_target = rewards + 0.99 * not_done * next_q.min(0)
+        np.testing.assert_allclose(target.double().numpy(), expected_target, rtol=1e-5, atol=1e-6)
+    # the first step's loss by hand (mean over critics and samples): squared error, or the cross-entropy
+    # against the target distribution (C51) or the HL-Gauss histogram of the scalar target
+    before = agent.critic(fixed_batch.obs, fixed_batch.actions).detach()
+    if head == "scalar":
+        per_sample = (before.squeeze(-1).double().numpy() - target.double().numpy()) ** 2
+    else:
+        histogram = target.double().numpy() if head == "c51" else hl_gauss_by_hand(target.double().numpy())
+        log_probs = np.log(softmax64(before))
+        per_sample = -(histogram * log_probs).sum(-1)
     losses = [agent.critic_step(fixed_batch, target)["losses/qf_loss"].item() for _ in range(30)]
+    assert losses[0] == pytest.approx(per_sample.mean(), rel=1e-5)  # a float32 network pass and loss
     assert losses[-1] < losses[0]
     # ... and full updates (actor, targets, projection) run and stay finite
     for _ in range(4):
@@ -71,7 +129,21 @@ def test_critic_target_uses_the_c51_projection_of_the_pessimistic_member(fixed_b
     next_values = agent.head.value(agent.critic_target(batch.next_obs, batch.actions))  # (E, B)
     pessimistic = next_values.min(dim=0).values
     expected_mean = batch.rewards + 0.99 * (1 - batch.terminated) * pessimistic
-    torch.testing.assert_close(target @ agent.head.support, expected_mean, atol=1e-4, rtol=0)
+    # float32 sums of 21 products of size up to 10: 1e-5 absolute
+    torch.testing.assert_close(target @ agent.head.support, expected_mean, atol=1e-5, rtol=0)
+    # the whole distribution, projected by hand from the member with the smaller mean (Σ softmax · atoms)
+    with torch.no_grad():
+        probs = softmax64(agent.critic_target(batch.next_obs, batch.actions))
+    pessimist = (probs @ ATOMS).argmin(0)
+    assert 0 < pessimist.sum() < 256  # each member is the pessimist somewhere
+    expected = c51_projection_by_hand(probs[pessimist, np.arange(256)], batch.rewards.double().numpy(),
+                                      0.99 * (1 - batch.terminated.double().numpy()))
+    np.testing.assert_allclose(target.double().numpy(), expected, rtol=1e-5, atol=1e-6)
+    terminal = batch.terminated.bool().numpy()
+    assert terminal.any()  # a terminal transition's target is the two-hot of r = 0.05: atom 10 (0) and 11 (1)
+    # (the float32 position (0.05 + 10) / 1 carries the rounding of 10.05: 2e-7, hence atol 1e-6)
+    np.testing.assert_allclose(target.numpy()[terminal][:, 10:12], np.tile([0.95, 0.05], (terminal.sum(), 1)),
+                               rtol=0, atol=1e-6)
 
 
 # What every preset shares with keelrl's defaults, read from both references' MuJoCo runs:
@@ -189,12 +261,12 @@ def test_online_normaliser_follows_simba_under_the_presets_and_clips_otherwise()
             agent = make(agent_cls, config_cls, preset=preset)
             agent.obs_norm.update(torch.as_tensor(obs))
             out = agent.obs_norm(torch.as_tensor(x, dtype=torch.float32)).numpy()
-            np.testing.assert_allclose(out, expected, rtol=1e-5, atol=1e-5)
-            assert out[0, 0] == pytest.approx(50.0, rel=1e-5)
+            np.testing.assert_allclose(out, expected, rtol=1e-6, atol=1e-6)
+            assert out[0, 0] == pytest.approx(50.0, rel=1e-6)
     plain = make(SAC, SACConfig, normalize_obs=True)
     plain.obs_norm.update(torch.as_tensor(obs))
     out = plain.obs_norm(torch.as_tensor(x, dtype=torch.float32)).numpy()
-    np.testing.assert_allclose(out, np.clip(expected, -10, 10), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(out, np.clip(expected, -10, 10), rtol=1e-6, atol=1e-6)
 
 
 def test_learning_rates_decay_linearly(fixed_batch):

@@ -38,14 +38,27 @@ def test_random_corruption_changes_the_fraction_and_only_its_field(data, kind, r
         if other != field:
             np.testing.assert_array_equal(corrupted[other], data[other], err_msg=other)
     assert not np.shares_memory(corrupted[field], data[field])  # the input is left alone
+    assert np.all(np.diff(indices) > 0)  # sorted, each transition once
     if kind == "reward":  # rewards are replaced by U(-range, range) * 30
+        assert RANDOM_REWARD_SCALE == 30.0
         assert np.abs(corrupted[field][indices]).max() <= RANDOM_REWARD_SCALE
         assert np.abs(corrupted[field][indices]).max() > 10
+        unit = corrupted[field][indices].astype(np.float64) / 30.0
     else:  # noise within range * per-dimension std
         bound = data[field].std(axis=0)
         noise = corrupted[field][indices] - data[field][indices]
         assert np.all(np.abs(noise) <= bound * (1 + 1e-5))
         assert np.all(np.abs(noise).max(axis=0) > 0.5 * bound)
+        unit = (noise.astype(np.float64) / data[field].std(axis=0).astype(np.float64))
+    # the unit noise is U(−1, 1) in every dimension: Kolmogorov–Smirnov distance to its CDF (x + 1) / 2 below
+    # the 1% critical value 1.63 / √n, and mean and variance (1/3) within 4 standard errors
+    for column in unit.reshape(len(indices), -1).T:
+        n, ordered = len(column), np.sort(column)
+        cdf = (ordered + 1) / 2
+        distance = max((np.arange(1, n + 1) / n - cdf).max(), (cdf - np.arange(n) / n).max())
+        assert distance < 1.63 / np.sqrt(n), distance
+        assert abs(column.mean()) < 4 * np.sqrt(1 / 3 / n)
+        assert abs(column.var() - 1 / 3) < 4 * np.sqrt(4 / 45 / n)  # var of U² − 1/3 is 4/45
     again, _ = corrupt_dataset(data, kind, rate, corruption_range=1.0, seed=1)
     np.testing.assert_array_equal(again[field], corrupted[field])  # same seed, same corruption
 
@@ -75,6 +88,12 @@ def test_adversarial_corruption_lowers_q_within_the_bound(data, kind):
 
     # a linear critic is minimised at the corner of the box: the attack gets there
     assert q_of(corrupted) < q_of(data) - 0.4 * np.abs(delta).sum(axis=1).mean()
+    # exactly there: 60 signed steps of 0.05 · 0.5 cover the box's width 1 from any start, so every δ ends
+    # at −0.5 · sign(∂Q/∂x): for obs (and s', where the policy adds 0.3 sech² and −sech² to the first two
+    # weights without flipping a sign) the weights (1, −2, 0.5); for actions (0.3, −1)
+    corner = np.array([-0.5, 0.5] if kind == "act" else [-0.5, 0.5, -0.5], np.float32)
+    expected = data[field][indices] + corner * data[field].std(axis=0)
+    np.testing.assert_allclose(corrupted[field][indices], expected, rtol=1e-6, atol=1e-6)
 
 
 def test_adversarial_reward_flips_and_scales(data):

@@ -180,13 +180,39 @@ def test_td3_lag_actor_loss_equals_a_hand_computation(cost_batch):
 def test_cost_critic_loss_falls_on_a_fixed_batch(agent_cls, config_cls, cost_batch):
     torch.manual_seed(0)
     agent = agent_cls(OBS_DIM, -np.ones(ACTION_DIM), np.ones(ACTION_DIM), config_cls(hidden_sizes=(64, 64)))
+    # the first cost loss by hand: y = c + 0.99 (1 − d) mean_k Q_c,target,k(s', a'), a' the agent's target
+    # action for s' (SAC: a draw of π(·|s'); TD3: the smoothed target action), drawn second in the update
+    # (after the reward critic's own) and reproduced here from the same seed; logged: the critics' mean MSE
+    batch = cost_batch
+    torch.manual_seed(9)
+    with torch.no_grad():
+        if agent_cls is SACLag:
+            agent.actor.sample(batch.next_obs)
+            next_actions, _ = agent.actor.sample(batch.next_obs)
+        else:
+            agent.smoothed_target_actions(batch.next_obs)
+            next_actions = agent.smoothed_target_actions(batch.next_obs)
+        next_cost = agent.cost_critic_target(batch.next_obs, next_actions).squeeze(-1).double().mean(0)
+        y = batch.costs.double() + 0.99 * (1 - batch.terminated.double()) * next_cost
+        cost_q = agent.cost_critic(batch.obs, batch.actions).squeeze(-1).double()  # (2, B)
+    torch.manual_seed(9)
     first = agent.update(cost_batch)
     assert {"losses/cost_qf_loss", "losses/cost_qf_values", "losses/lagrange_multiplier", "losses/qf_loss"} <= set(first)
+    assert first["losses/cost_qf_loss"].item() == pytest.approx(((cost_q - y) ** 2).mean(1).mean().item(), rel=1e-5)
+    assert first["losses/cost_qf_values"].item() == pytest.approx(cost_q.mean().item(), rel=1e-5, abs=1e-7)
+    assert first["losses/lagrange_multiplier"].item() == 0.0  # no episode has ended: λ is still λ_init
     losses = [agent.update(cost_batch)["losses/cost_qf_loss"].item() for _ in range(200)]
     assert losses[-1] < 0.3 * first["losses/cost_qf_loss"].item()
     target_moved = any(not torch.equal(a, b) for a, b in zip(agent.cost_critic_target.parameters(),
                                                                agent.cost_critic.parameters()))
     assert target_moved  # the target follows by Polyak averaging, not by copying
+    # one more cost step by hand: θ_c' ← θ_c' + 0.005 (θ_c − θ_c'), θ_c right after the step
+    target_before = [p.detach().double().clone() for p in agent.cost_critic_target.parameters()]
+    agent.cost_critic_step(cost_batch, cost_batch.actions)
+    for before, target, online in zip(target_before, agent.cost_critic_target.parameters(),
+                                      agent.cost_critic.parameters()):
+        torch.testing.assert_close(target.double(), before + 0.005 * (online.detach().double() - before),
+                                   rtol=1e-6, atol=1e-7)
 
 
 @pytest.mark.parametrize("module, agent_cls, config_cls",
@@ -256,7 +282,7 @@ def test_lambda_steps_once_per_batch_of_finished_episodes_and_never_on_other_upd
 
     batch_events = [e for e in events if e[0] == "episodes"]
     assert [(step, costs) for _, step, costs, _, _ in batch_events] == list(batches.items())
-    np.testing.assert_allclose([after for *_, after in batch_events], expected, rtol=1e-5)
+    np.testing.assert_allclose([after for *_, after in batch_events], expected, rtol=2e-6)  # λ is float32, stepped ~20 times
     assert all(after == before for _, step, _, before, after in batch_events if step <= warmup)
     assert any(step <= warmup for step in batches) and any(warmup < step <= 60 for step in batches)
     assert len({round(value, 7) for value in expected}) > 5  # λ did move, many times

@@ -247,8 +247,12 @@ def test_grid_runs_with_two_workers_then_a_second_invocation_does_nothing(tmp_pa
         assert result.steps == int(last["global_step"]) == 200
         assert result.final_return == pytest.approx(float(last["mean_return"]))
         assert result.score == pytest.approx(result.final_return / 10.0)  # InvertedPendulum: 100 · R / 1000
-        assert result.curve == [(100, pytest.approx(result.curve[0][1])), (200, result.final_return)]
-        assert result.sps > 0
+        # the learning curve is the run's evaluations, as eval.csv has them (at 100 and 200 steps)
+        assert result.curve == [(int(row["global_step"]), float(row["mean_return"])) for row in eval_rows(result.run_dir)]
+        assert [step for step, _ in result.curve] == [100, 200] and result.curve[-1][1] == result.final_return
+        # steps per second of the cell's one attempt: 200 steps over its wall time
+        assert result.wall_s == attempts[results.index(result)][0]["wall_s"] > 0
+        assert result.sps == pytest.approx(200 / result.wall_s, rel=1e-12)
 
     written = write_report(tmp_path / "out", "two-workers", results, ["Command: test"], reps=500,
                            runs_dir=tmp_path / "runs")
@@ -265,7 +269,19 @@ def test_grid_runs_with_two_workers_then_a_second_invocation_does_nothing(tmp_pa
     assert rows[0]["run_dir"] == str(Path(results[0].run_dir).relative_to(tmp_path / "runs"))
     assert rows[0]["run_dir"].startswith(f"{grid.name}/sac/InvertedPendulum-v5/seed1/")
     with open(tmp_path / "out" / "two-workers_curves.csv") as f:
-        assert len(list(csv.DictReader(f))) == 2 * 2  # 2 runs, 2 evaluations each
+        curves = list(csv.DictReader(f))
+    assert len(curves) == 2 * 2  # 2 runs, 2 evaluations each, as their eval.csv has them
+    assert [(row["agent"], int(row["step"]), float(row["eval_return"])) for row in curves] == [
+        (agent, int(row["global_step"]), pytest.approx(float(row["mean_return"]), rel=1e-12))
+        for agent, result in zip(("sac", "td3"), results[:2]) for row in eval_rows(result.run_dir)]
+    # one run per agent: its IQM is its own normalised score, 100 · R / 1000 on InvertedPendulum-v5
+    with open(tmp_path / "out" / "two-workers_iqm.csv") as f:
+        iqm_rows = {row["label"]: row for row in csv.DictReader(f)}
+    for agent, result in zip(("sac", "td3"), results[:2]):
+        assert float(iqm_rows[agent]["iqm"]) == pytest.approx(result.final_return / 10.0, rel=1e-12)
+        assert (int(iqm_rows[agent]["runs"]), int(iqm_rows[agent]["runs_planned"])) == (1, 1)
+    with open(tmp_path / "out" / "two-workers_runs.csv") as f:
+        assert [float(row["sps"]) for row in csv.DictReader(f)][:2] == [pytest.approx(r.sps) for r in results[:2]]
 
     messages.clear()
     again = leaderboard.run_grids([grid], tmp_path / "runs", workers=2, log=messages.append)
@@ -318,8 +334,18 @@ def test_a_grid_runs_on_a_local_ray_instance(tmp_path):
             "--out-dir", str(tmp_path / "out"), "--bootstrap-reps", "200"]
     assert leaderboard.main(argv) == 0
     assert not ray.is_initialized()  # the local instance it started is shut down
+    finals = []
     for cell in leaderboard.expand(tiny_grid("ray-grid", ["sac"]), tmp_path / "runs"):
         (attempt,) = cell.record()["attempts"]
         assert attempt["returncode"] == 0 and attempt["worker_pid"] != os.getpid()  # ran inside a Ray worker
-        assert cell.state()[0] == "done"
-    assert "Execution: Ray (local), --workers 2" in (tmp_path / "out" / "ray-grid.md").read_text()
+        state, run_dir = cell.state()
+        assert state == "done"
+        last = eval_rows(run_dir)[-1]
+        assert int(last["global_step"]) == 200
+        finals.append(float(last["mean_return"]))
+    page = (tmp_path / "out" / "ray-grid.md").read_text()
+    assert "Execution: Ray (local), --workers 2" in page
+    # the cell's figures: mean ± std (ddof 0) of the two seeds' final returns, and of their scores R / 10
+    returns, scores = np.array(finals), np.array(finals) / 10.0
+    assert (f"| sac | InvertedPendulum-v5 | 200 | 2/2 | {returns.mean():.1f} ± {returns.std():.1f} | "
+            f"{scores.mean():.1f} ± {scores.std():.1f} |") in page

@@ -26,20 +26,48 @@ def test_ensemble_members_equal_separate_mlps():
     assert not torch.allclose(out[0], out[1])  # members are initialised independently
 
 
+def member_by_hand(layers, k: int, x: torch.Tensor) -> torch.Tensor:
+    """Member k of an EnsembleMLP from its definition, in float64: x W_k + b_k per layer, ReLU between."""
+    h = x.double()
+    for i, layer in enumerate(layers):
+        h = h @ layer.weight[k].detach().double() + layer.bias[k, 0].detach().double()
+        if i < len(layers) - 1:
+            h = h.clamp_min(0.0)
+    return h
+
+
 def test_ensemble_takes_per_member_inputs():
+    torch.manual_seed(0)
     ensemble = EnsembleMLP(2, 4, (8,), 1)
     x = torch.randn(2, 6, 4)
     out = ensemble(x)
-    torch.testing.assert_close(out[1], ensemble(x[1])[1])
+    assert out.shape == (2, 6, 1)
+    for k in range(2):  # member k sees its own rows x[k]
+        torch.testing.assert_close(out[k].double(), member_by_hand(ensemble.layers, k, x[k]), rtol=1e-6, atol=1e-6)
+    assert not torch.allclose(out[1].double(), member_by_hand(ensemble.layers, 1, x[0]))
 
 
-def test_critic_ensemble_shape_and_gradients():
+def test_critic_ensemble_values_and_gradients():
+    torch.manual_seed(0)
     critic = CriticEnsemble(obs_dim=5, action_dim=2, hidden_sizes=(32, 32), num_critics=2)
-    q = critic(torch.randn(9, 5), torch.randn(9, 2))
+    obs, actions = torch.randn(9, 5), torch.randn(9, 2)
+    q = critic(obs, actions)
     assert q.shape == (2, 9, 1)
-    assert CriticEnsemble(5, 2, (8,), num_critics=3, num_outputs=51)(torch.randn(4, 5), torch.randn(4, 2)).shape == (3, 4, 51)
+    x = torch.cat([obs, actions], -1)  # Q(s, a) = MLP([s, a])
+    for k in range(2):
+        torch.testing.assert_close(q[k].double(), member_by_hand(critic.net.layers, k, x), rtol=1e-6, atol=1e-6)
+    wide = CriticEnsemble(5, 2, (8,), num_critics=3, num_outputs=51)
+    out = wide(obs[:4], actions[:4])
+    assert out.shape == (3, 4, 51)
+    torch.testing.assert_close(out[2].double(), member_by_hand(wide.net.layers, 2, x[:4]), rtol=1e-6, atol=1e-6)
     q.sum().backward()
-    assert all(p.grad is not None for p in critic.parameters())
+    # d(Σ Q)/d(last bias of member k) = B = 9; d/d(last weight of member k) = Σ_b (last hidden features of b)
+    last = critic.net.layers[-1]
+    torch.testing.assert_close(last.bias.grad, torch.full((2, 1, 1), 9.0))
+    for k in range(2):
+        hidden = member_by_hand(critic.net.layers[:-1], k, x).clamp_min(0.0)  # ReLU of the last hidden layer
+        torch.testing.assert_close(last.weight.grad[k, :, 0].double(), hidden.sum(0), rtol=1e-6, atol=1e-6)
+    assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in critic.parameters())
 
 
 def test_tanh_gaussian_log_prob_matches_change_of_variables():
@@ -57,16 +85,32 @@ def test_tanh_gaussian_log_prob_matches_change_of_variables():
     u = torch.atanh(squashed.clamp(-1 + 1e-6, 1 - 1e-6))
     normal = torch.distributions.Normal(mean, log_std.exp())
     expected = (normal.log_prob(u) - torch.log(actor.action_scale * (1 - squashed.pow(2)) + 1e-6)).sum(-1)
-    interior = squashed.abs().max(-1).values < 0.99  # atanh is ill-conditioned at the edges
-    torch.testing.assert_close(log_prob[interior], expected[interior], rtol=1e-3, atol=1e-3)
+    interior = squashed.abs().max(-1).values < 0.99  # atanh amplifies rounding by 1/(1 − a²) < 100 here: 1e-5
+    torch.testing.assert_close(log_prob[interior], expected[interior], rtol=1e-5, atol=1e-5)
     assert log_std.min() >= -5 and log_std.max() <= 2
+    # the same in float64 from the definition, log N(u; μ, σ) − log(scale (1 − tanh²u) + 1e-6): inverting the
+    # float32 actions amplifies their rounding by 1/(1 − a²) (< 100 inside |a| < 0.99), so 1e-5, not 1e-6
+    a = ((actions.double() - actor.action_bias.double()) / actor.action_scale.double())
+    inside = a.abs().max(-1).values < 0.99
+    assert inside.sum() > 900
+    u, mu, sigma = torch.atanh(a), mean.detach().double(), log_std.detach().double().exp()
+    by_hand = (-0.5 * ((u - mu) / sigma) ** 2 - sigma.log() - 0.5 * math.log(2 * math.pi)
+               - torch.log(actor.action_scale.double() * (1 - a**2) + 1e-6)).sum(-1)
+    torch.testing.assert_close(log_prob.double()[inside], by_hand[inside], rtol=1e-5, atol=1e-5)
 
 
 def test_deterministic_actions_within_bounds():
+    torch.manual_seed(0)
     actor = DeterministicActor(3, np.array([-0.5]), np.array([1.5]), hidden_sizes=(8,))
-    actions = actor(100 * torch.randn(50, 3))
-    assert actions.shape == (50, 1)
+    obs = torch.cat([100 * torch.randn(50, 3), torch.randn(50, 3)])  # saturated and unsaturated actions
+    actions = actor(obs)
+    assert actions.shape == (100, 1)
     assert actions.min() >= -0.5 and actions.max() <= 1.5
+    # a = tanh(W2 relu(W1 s + b1) + b2) · (1.5 − (−0.5)) / 2 + (1.5 + (−0.5)) / 2, by hand in float64
+    first, last = (m for m in actor.net if isinstance(m, nn.Linear))
+    hidden = (obs.double() @ first.weight.detach().double().T + first.bias.detach().double()).clamp_min(0.0)
+    by_hand = torch.tanh(hidden @ last.weight.detach().double().T + last.bias.detach().double()) * 1.0 + 0.5
+    torch.testing.assert_close(actions.detach().double(), by_hand, rtol=1e-6, atol=1e-6)
     gaussian = TanhGaussianActor(3, np.array([-0.5]), np.array([1.5]), hidden_sizes=(8,))
     mode = gaussian.act(torch.zeros(1, 3), deterministic=True)
     mean, _ = gaussian(torch.zeros(1, 3))
@@ -90,7 +134,7 @@ def test_running_obs_norm_matches_numpy_on_a_stream():
     assert norm.count.item() == len(everything)
     x = torch.as_tensor(everything[:5], dtype=torch.float32)
     expected = (everything[:5] - everything.mean(0)) / np.sqrt(everything.var(0) + 1e-8)
-    np.testing.assert_allclose(norm(x).numpy(), expected, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(norm(x).numpy(), expected, rtol=1e-6, atol=1e-6)
     assert norm(torch.full((1, 6), 1e6)).max() == 10.0  # clipped
 
 
@@ -107,11 +151,11 @@ def test_simba_convention_divides_by_sqrt_var_plus_eps_without_clipping():
     var = ((SMALL_OBS - mean) ** 2).mean(0)  # population variance
     expected = (SMALL_OBS - mean) / np.sqrt(var + 1e-8)
     out = norm(torch.as_tensor(SMALL_OBS, dtype=torch.float32)).numpy()
-    np.testing.assert_allclose(out, expected, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(out, expected, rtol=1e-6, atol=1e-6)
     # column 0 by hand: deviations −101.25, −99.25, −97.25, 297.75; var = 29553.6875
     assert out[3, 0] == pytest.approx(297.75 / math.sqrt(29553.6875 + 1e-8), rel=1e-6)
     far = norm(torch.tensor([[102.25 + 40 * math.sqrt(var[0]), 0.25, 7.0]]))
-    assert far[0, 0].item() == pytest.approx(40.0, rel=1e-5)  # not clipped at 10
+    assert far[0, 0].item() == pytest.approx(40.0, rel=1e-6)  # not clipped at 10
     assert far[0, 2].item() == 0.0  # constant column: (7 − 7) / sqrt(0 + 1e-8)
 
 
@@ -123,10 +167,10 @@ def test_corl_riql_convention_adds_eps_to_the_std_without_clipping():
     expected = (SMALL_OBS - mean) / (std + 1e-3)
     x = np.array([[0.0, 1.0, 7.5]])
     out = norm(torch.as_tensor(x, dtype=torch.float32)).numpy()
-    np.testing.assert_allclose(out, (x - mean) / (std + 1e-3), rtol=1e-5)
-    assert out[0, 2] == pytest.approx(500.0, rel=1e-5)  # (7.5 − 7) / (0 + 1e-3): the eps is not under a sqrt
+    np.testing.assert_allclose(out, (x - mean) / (std + 1e-3), rtol=1e-6)
+    assert out[0, 2] == pytest.approx(500.0, rel=1e-6)  # (7.5 − 7) / (0 + 1e-3): the eps is not under a sqrt
     np.testing.assert_allclose(norm(torch.as_tensor(SMALL_OBS, dtype=torch.float32)).numpy(), expected,
-                               rtol=1e-5, atol=1e-6)
+                               rtol=1e-6, atol=1e-6)
 
 
 def test_normaliser_clips_only_when_asked():
@@ -157,11 +201,22 @@ def test_offline_agents_normalise_as_corl_and_riql(algo):
     x = np.array([[0.0, 1.0, 7.5], [2000.0, -3.0, 7.0]])
     expected = (x - fitted.mean(0)) / (fitted.std(0) + 1e-3)
     np.testing.assert_allclose(agent.obs_norm(torch.as_tensor(x, dtype=torch.float32)).numpy(), expected,
-                               rtol=1e-5, atol=1e-6)
+                               rtol=1e-6, atol=1e-6)
 
 
 def test_ensemble_evaluates_a_subset_of_members():
+    torch.manual_seed(0)
     critic = CriticEnsemble(obs_dim=5, action_dim=2, hidden_sizes=(16,), num_critics=3)
     obs, actions = torch.randn(4, 5), torch.randn(4, 2)
-    torch.testing.assert_close(critic(obs, actions, members=slice(0, 1)), critic(obs, actions)[:1])
-    torch.testing.assert_close(critic(obs, actions, members=slice(1, 3)), critic(obs, actions)[1:])
+    x = torch.cat([obs, actions], -1)
+    by_hand = torch.stack([member_by_hand(critic.net.layers, k, x) for k in range(3)])  # (3, 4, 1)
+    first = critic(obs, actions, members=slice(0, 1))
+    assert first.shape == (1, 4, 1)
+    torch.testing.assert_close(first.double(), by_hand[:1], rtol=1e-6, atol=1e-6)
+    last_two = critic(obs, actions, members=slice(1, 3))
+    assert last_two.shape == (2, 4, 1)
+    torch.testing.assert_close(last_two.double(), by_hand[1:], rtol=1e-6, atol=1e-6)
+    # and with more than one output (the batched-matmul path)
+    wide = CriticEnsemble(obs_dim=5, action_dim=2, hidden_sizes=(16,), num_critics=3, num_outputs=4)
+    torch.testing.assert_close(wide(obs, actions, members=slice(2, 3))[0].double(),
+                               member_by_hand(wide.net.layers, 2, x), rtol=1e-6, atol=1e-6)

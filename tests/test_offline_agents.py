@@ -2,6 +2,7 @@
 corruption, resume, and clear errors for bad input."""
 
 import json
+import math
 
 import numpy as np
 import pytest
@@ -28,12 +29,82 @@ def make_agent(algo: str, **overrides):
     return agent_cls(OBS_DIM, -np.ones(ACTION_DIM), np.ones(ACTION_DIM), config)
 
 
+def iql_first_losses_by_hand(agent, batch) -> dict[str, float]:
+    """IQL's (and RIQL's) losses of one update from the networks as they are, in float64:
+    V: expectile τ of A = Q̂(s, a) − V(s), Q̂ the target critics' min (IQL) or 0.25-quantile (RIQL);
+    Q: MSE (IQL) or Huber with β = 1 (RIQL) against r + γ(1 − d) V(s'), V before its step;
+    actor: mean of min(exp(3 A), 100) × (−log N(a; μ(s), 1) (IQL) or ‖μ(s) − a‖² (RIQL))."""
+    riql = agent.algo == "riql"
+    with torch.no_grad():
+        q_target = agent.critic_target(batch.obs, batch.actions)[..., 0].double().numpy()  # (E, B)
+        q = agent.critic(batch.obs, batch.actions)[..., 0].double().numpy()
+        v, next_v = (agent.value(x)[:, 0].double().numpy() for x in (batch.obs, batch.next_obs))
+        mean = (agent.actor if riql else agent.actor.mean_net)(batch.obs).double().numpy()
+    target_q = np.quantile(q_target, 0.25, axis=0) if riql else q_target.min(0)
+    advantage = target_q - v
+    value_loss = (np.abs(0.7 - (advantage < 0)) * advantage**2).mean()
+    y = batch.rewards.double().numpy() + 0.99 * (1 - batch.terminated.double().numpy()) * next_v
+    error = np.abs(q - y)
+    q_loss = (np.where(error < 1.0, 0.5 * error**2, error - 0.5) if riql else error**2).mean()
+    actions = batch.actions.double().numpy()
+    regression = (((mean - actions) ** 2).sum(-1) if riql
+                  else (0.5 * (actions - mean) ** 2 + 0.5 * math.log(2 * math.pi)).sum(-1))  # log σ = 0 at init
+    actor_loss = (np.minimum(np.exp(3.0 * advantage), 100.0) * regression).mean()
+    return {"losses/vf_loss": value_loss, "losses/qf_loss": q_loss, "losses/actor_loss": actor_loss,
+            "losses/qf_values": q.mean(), "losses/advantage": advantage.mean()}
+
+
+def cql_first_losses_by_hand(agent, batch, seed: int) -> dict[str, float]:
+    """CQL's losses of one update, in float64, with the update's random draws reproduced from `seed` in the
+    order the update makes them: a ~ π(·|s) for the actor loss, a' ~ π(·|s') for the target, then the
+    proposals: N uniform actions, N from π(·|s), N from π(·|s') per state.
+    actor: mean(α log π(a|s) − min_k Q_k(s, a)); TD: critics' mean of MSE against r + γ(1 − d) min_k Q'_k(s', a');
+    gap: critics' mean of mean_b [log Σ_j exp(Q(s, a_j) − log p(a_j)) − Q(s, a_data)] (importance sampled)."""
+    n, size = agent.config.cql_n_actions, batch.obs.shape[0]
+    actor, critic = agent.actor, agent.critic
+    with torch.no_grad():
+        torch.manual_seed(seed)
+        actions, log_prob = actor.sample(batch.obs)
+        q_pi = critic(batch.obs, actions)[..., 0].double().numpy().min(0)
+        next_actions, _ = actor.sample(batch.next_obs)
+        next_q = agent.critic_target(batch.next_obs, next_actions)[..., 0].double().numpy().min(0)
+        uniform = torch.rand(n * size, 2) * 2 - 1
+        current, current_log_prob = actor.sample(batch.obs.repeat(n, 1))
+        following, following_log_prob = actor.sample(batch.next_obs.repeat(n, 1))
+        q_data = critic(batch.obs, batch.actions)[..., 0].double().numpy()  # (E, B)
+        proposals = torch.cat([uniform, current, following])
+        q_proposals = critic(batch.obs.repeat(3 * n, 1), proposals)[..., 0].double().numpy().reshape(2, 3 * n, size)
+    log_density = np.concatenate([np.full((n, size), -math.log(4.0)),  # uniform on [−1, 1]²
+                                  current_log_prob.double().numpy().reshape(n, size),
+                                  following_log_prob.double().numpy().reshape(n, size)])
+    corrected = q_proposals - log_density
+    peak = corrected.max(1, keepdims=True)
+    soft_max = peak[:, 0] + np.log(np.exp(corrected - peak).sum(1))  # (E, B), temperature 1
+    y = batch.rewards.double().numpy() + 0.99 * (1 - batch.terminated.double().numpy()) * next_q
+    return {"losses/actor_loss": (1.0 * log_prob.double().numpy() - q_pi).mean(),
+            "losses/qf_loss": ((q_data - y) ** 2).mean(1).mean(),
+            "losses/cql_gap": (soft_max - q_data).mean(1).mean(),
+            "losses/qf_values": q_data.mean(),
+            "losses/alpha_loss": -(0.0 * (log_prob.double().numpy() - 2.0)).mean()}  # log α = log 1 = 0
+
+
 @pytest.mark.parametrize("algo", ["cql", "iql", "riql"])
 def test_update_runs_and_critic_loss_falls_on_a_fixed_batch(algo, fixed_batch):
     options = {"cql_n_actions": 4} if algo == "cql" else {}
     agent = make_agent(algo, normalize_obs=False, **options)
     target_before = [p.clone() for p in agent.critic_target.parameters()]
-    losses = [agent.update(fixed_batch) for _ in range(150)]
+    if algo == "cql":
+        assert (agent.config.cql_alpha, agent.config.cql_temp, agent.config.backup_entropy) == (10.0, 1.0, False)
+        assert agent.config.cql_importance_sample and agent.alpha.item() == 1.0
+        expected = cql_first_losses_by_hand(agent, fixed_batch, seed=5)
+        torch.manual_seed(5)
+    else:
+        assert (agent.config.expectile, agent.config.beta, agent.config.exp_adv_max) == (0.7, 3.0, 100.0)
+        expected = iql_first_losses_by_hand(agent, fixed_batch)
+    losses = [agent.update(fixed_batch)]
+    for name, value in expected.items():  # float32 network passes against float64 sums: 1e-5
+        assert losses[0][name].item() == pytest.approx(value, rel=1e-5, abs=1e-6), name
+    losses += [agent.update(fixed_batch) for _ in range(149)]
     expected = {"losses/qf_loss", "losses/actor_loss", "losses/qf_values"}
     assert expected <= set(losses[0]) and all(v.dim() == 0 and torch.isfinite(v) for v in losses[-1].values())
     assert agent.num_updates == 150
@@ -45,9 +116,16 @@ def test_update_runs_and_critic_loss_falls_on_a_fixed_batch(algo, fixed_batch):
 def test_riql_defaults_and_quantile_target():
     agent = make_agent("riql")
     assert agent.critic.num_critics == 5 and agent.config.q_loss == "huber" and agent.config.deterministic_actor
-    q_all = torch.arange(10.0).view(5, 2)  # 5 critics, 2 transitions
-    torch.testing.assert_close(agent._combine_targets(q_all), torch.quantile(q_all, 0.25, dim=0))
-    torch.testing.assert_close(make_agent("iql")._combine_targets(q_all[:2]), q_all[0])
+    q_all = torch.arange(10.0).view(5, 2)  # 5 critics, 2 transitions: values 0 2 4 6 8 and 1 3 5 7 9
+    # the 0.25-quantile, linearly interpolated: position 0.25 · (5 − 1) = 1, the second smallest
+    torch.testing.assert_close(agent._combine_targets(q_all), torch.tensor([2.0, 3.0]), rtol=0, atol=0)
+    torch.testing.assert_close(agent._combine_targets(q_all.flip(0)), torch.tensor([2.0, 3.0]), rtol=0, atol=0)
+    # between order statistics: (0.3 · 4 = 1.2) of 0 10 20 30 40 is 10 + 0.2 · 10 = 12
+    spread = torch.tensor([[40.0], [0.0], [30.0], [10.0], [20.0]])
+    quantile_03 = make_agent("riql", quantile=0.3)._combine_targets(spread)
+    torch.testing.assert_close(quantile_03, torch.tensor([12.0]), rtol=1e-6, atol=0)
+    torch.testing.assert_close(make_agent("iql")._combine_targets(q_all[:2]), q_all[0])  # IQL: the minimum
+    torch.testing.assert_close(make_agent("iql")._combine_targets(q_all[:2].flip(0)), torch.tensor([0.0, 1.0]))
 
 
 def test_riql_schedule_runs_over_its_3m_updates_and_critics_start_as_edac():
@@ -83,6 +161,10 @@ def test_cql_actor_is_corls_tanh_gaussian_policy():
     obs = torch.randn(64, OBS_DIM, generator=torch.Generator().manual_seed(0))
     mean, log_std = actor(obs)
     torch.testing.assert_close(log_std, torch.full_like(log_std, -1.0), atol=0.05, rtol=0)  # a new policy: std ≈ e^−1
+    with torch.no_grad():  # log-std = 1 · raw − 1, raw the second half of the network's output
+        raw = actor.net(obs)[:, ACTION_DIM:]
+    torch.testing.assert_close(log_std, raw - 1.0, rtol=1e-6, atol=1e-7)
+    torch.testing.assert_close(mean, actor.net(obs)[:, :ACTION_DIM], rtol=0, atol=0)
     with torch.no_grad():
         actor.log_std_multiplier.fill_(100.0)
     assert actor(obs)[1].min() >= -20.0 and actor(obs)[1].max() <= 2.0
@@ -95,7 +177,18 @@ def test_cql_actor_is_corls_tanh_gaussian_policy():
     mean, log_std = actor(obs)
     dist = torch.distributions.TransformedDistribution(torch.distributions.Normal(mean, log_std.exp()),
                                                        torch.distributions.transforms.TanhTransform())
-    torch.testing.assert_close(log_prob, dist.log_prob(actions.clamp(-1 + 1e-6, 1 - 1e-6)).sum(-1), atol=1e-3, rtol=1e-4)
+    # torch inverts the float32 actions by atanh, which amplifies their rounding by 1/(1 − a²): 1e-5
+    assert actions.abs().max() < 0.99
+    torch.testing.assert_close(log_prob, dist.log_prob(actions.clamp(-1 + 1e-6, 1 - 1e-6)).sum(-1), atol=1e-5, rtol=1e-5)
+    # and from the definition in float64, with the sample's one normal draw ε reproduced by the seed:
+    # u = μ + σε, a = tanh(u), log π = Σ log N(ε) − log σ − log(1 − tanh²u)
+    torch.manual_seed(3)
+    noise = torch.randn(64, ACTION_DIM).double()
+    mu, log_sigma = mean.detach().double(), log_std.detach().double()
+    u = mu + log_sigma.exp() * noise
+    torch.testing.assert_close(actions.detach().double(), torch.tanh(u), rtol=1e-6, atol=1e-7)
+    by_hand = (-0.5 * noise**2 - log_sigma - 0.5 * math.log(2 * math.pi) - torch.log(1 - torch.tanh(u) ** 2)).sum(-1)
+    torch.testing.assert_close(log_prob.detach().double(), by_hand, rtol=1e-6, atol=2e-6)
     torch.testing.assert_close(actor.act(obs, deterministic=True), torch.tanh(mean))
 
 
@@ -121,6 +214,12 @@ def test_save_and_load_keep_policy_and_observation_statistics(algo, tmp_path, fi
     agent.save(tmp_path / "model.pt")
     loaded = AGENTS[algo][0].load(tmp_path / "model.pt")
     torch.testing.assert_close(loaded.obs_norm.mean, agent.obs_norm.mean)
+    # the statistics are those of the data fitted: observations (CQL, IQL), with next observations (RIQL)
+    fitted = fixed_batch.obs.double().numpy() * 3 + 1
+    if algo == "riql":
+        fitted = np.concatenate([fitted, fixed_batch.obs.double().numpy()])
+    np.testing.assert_allclose(loaded.obs_norm.mean.double().numpy(), fitted.mean(0), rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(loaded.obs_norm.var.double().numpy(), fitted.var(0), rtol=1e-6)
     obs = np.random.default_rng(0).normal(size=(4, OBS_DIM))
     np.testing.assert_array_equal(loaded.act(obs, deterministic=True), agent.act(obs, deterministic=True))
 
@@ -144,6 +243,9 @@ def tiny(config_cls, path, tmp_path, **overrides):
 def test_train_end_to_end_with_corruption(pendulum_npz, tmp_path):
     result = train_riql(tiny(RIQLConfig, pendulum_npz, tmp_path, corruption="dynamics", corruption_rate=0.3))
     assert result.global_step == 120 and len(result.final_eval_returns) == 2
+    final_row = (result.run_dir / "eval.csv").read_text().strip().splitlines()[-1].split(",")
+    assert float(final_row[1]) == pytest.approx(result.final_eval_returns.mean(), rel=1e-12)
+    assert float(final_row[2]) == pytest.approx(result.final_eval_returns.std(), abs=1e-12)
     summary = json.loads((result.run_dir / "dataset.json").read_text())
     assert summary["corruption"]["corrupted_transitions"] == 180 and summary["transitions"] == 600
     assert summary["ref_scores"] is None  # InvertedPendulum has no D4RL reference

@@ -27,6 +27,27 @@ def random_policy(obs):
     return np.random.default_rng(len(obs)).uniform(-1, 1, (len(obs), 1)).astype(np.float32)
 
 
+def collect_by_hand(env_id: str, policy, vector_steps: int, num_envs: int, seed: int) -> dict[str, np.ndarray]:
+    """The D4RL layout of `num_envs` single gymnasium envs stepped in lockstep by hand: env e seeded seed + e,
+    reset (unseeded) right after an episode ends, `policy` called on the stacked observations each step;
+    env-major rows, the last row of each env's stream marked a timeout unless terminal."""
+    envs = [gym.make(env_id) for _ in range(num_envs)]
+    obs = [env.reset(seed=seed + e)[0] for e, env in enumerate(envs)]
+    rows = [[] for _ in range(num_envs)]
+    for _ in range(vector_steps):
+        actions = policy(np.stack(obs))
+        for e, env in enumerate(envs):
+            next_obs, reward, terminated, truncated, _ = env.step(actions[e])
+            rows[e].append((obs[e], actions[e], reward, next_obs, terminated, truncated and not terminated))
+            obs[e] = env.reset()[0] if terminated or truncated else next_obs
+    columns = {key: np.array([row[i] for stream in rows for row in stream], np.float32)
+               for i, key in enumerate(("observations", "actions", "rewards", "next_observations", "terminals",
+                                        "timeouts"))}
+    ends = np.arange(1, num_envs + 1) * vector_steps - 1
+    columns["timeouts"][ends] = 1.0 - columns["terminals"][ends]
+    return columns
+
+
 @pytest.fixture
 def pendulum_data():
     """300 InvertedPendulum transitions from 3 envs: short terminal episodes, cut streams marked as timeouts."""
@@ -42,6 +63,16 @@ def test_collect_layout_episodes_are_contiguous(pendulum_data):
     inside = ~ends[:-1]
     assert np.array_equal(data["next_observations"][:-1][inside], data["observations"][1:][inside])
     assert data["timeouts"][[99, 199, 299]].sum() + data["terminals"][[99, 199, 299]].sum() == 3  # each stream closes
+    # every column against three single envs stepped by hand (random_policy draws the same 3 actions each step)
+    by_hand = collect_by_hand("InvertedPendulum-v5", random_policy, 100, num_envs=3, seed=0)
+    for key in D4RL_KEYS:
+        np.testing.assert_array_equal(data[key], by_hand[key], err_msg=key)
+    # InvertedPendulum-v5: reward 1, but 0 on the step the pole passes 0.2 rad, which terminates
+    terminal = data["terminals"] > 0
+    assert terminal.sum() > 10
+    np.testing.assert_array_equal(data["rewards"], 1.0 - data["terminals"])
+    assert (np.abs(data["next_observations"][terminal, 1]) > 0.2).all()
+    assert (np.abs(data["next_observations"][~terminal, 1]) <= 0.2).all()
 
 
 def test_keelrl_writer_round_trip(tmp_path, pendulum_data):
@@ -103,7 +134,7 @@ def test_dataset_written_by_minari_api_loads_and_timeouts_are_handled(tmp_path, 
     dropped = load_dataset("test/pendulum-v0", drop_timeout_transitions=True)  # D4RL's qlearning_dataset
     assert len(dropped["rewards"]) == 96 and dropped["timeouts"].sum() == 0
     np.testing.assert_array_equal(dropped["observations"], data["observations"][data["timeouts"] == 0])
-    np.testing.assert_allclose(episode_returns(data), expected["rewards"].reshape(4, 25).sum(1), rtol=1e-5)
+    np.testing.assert_allclose(episode_returns(data), expected["rewards"].reshape(4, 25).sum(1), rtol=1e-6)
 
 
 def test_d4rl_raw_file_without_next_observations(tmp_path):
@@ -176,9 +207,16 @@ def test_dataset_buffer_samples_like_the_replay_buffer(pendulum_data):
     assert torch.all(batch.discounts == 0.9) and set(batch.terminated.unique().tolist()) <= {0.0, 1.0}
     again = DatasetBuffer(pendulum_data, gamma=0.9, seed=3).sample(64)
     assert torch.equal(batch.obs, again.obs)
-    # every sampled row is a stored transition
-    rows = {tuple(row) for row in np.concatenate([pendulum_data["observations"], pendulum_data["actions"]], 1)}
-    assert all(tuple(row) in rows for row in torch.cat([batch.obs, batch.actions], 1).numpy())
+    # every sampled row is a stored transition, whole: its reward, next observation and terminal flag (the
+    # timeouts do not stop bootstrapping) are those of the row its observation and action come from
+    rows = {tuple(row): i for i, row in
+            enumerate(np.concatenate([pendulum_data["observations"], pendulum_data["actions"]], 1))}
+    assert len(rows) == 300  # (observation, action) identifies a row
+    index = np.array([rows[tuple(row)] for row in torch.cat([batch.obs, batch.actions], 1).numpy()])
+    np.testing.assert_array_equal(batch.rewards.numpy(), pendulum_data["rewards"][index])
+    np.testing.assert_array_equal(batch.next_obs.numpy(), pendulum_data["next_observations"][index])
+    np.testing.assert_array_equal(batch.terminated.numpy(), pendulum_data["terminals"][index])
+    assert len(set(index.tolist())) > 50  # spread over the dataset, not a few rows
 
 
 def test_replay_buffer_becomes_medium_replay(tmp_path):
@@ -227,4 +265,37 @@ def test_make_datasets_tiny_scale(tmp_path, capsys):
     assert sizes[ids[2]] == 300  # the replay buffer of the medium run (stopped at the budget)
     info = load_dataset_with_info(ids[1], data_path=tmp_path / "data")[1]
     assert info.ref_min_score is not None and info.ref_max_score is not None
+    data = {kind: load_dataset(i, data_path=tmp_path / "data") for kind, i in
+            zip(("random", "medium", "medium-replay", "expert", "medium-expert"), ids)}
+    # random: uniform actions in [−3, 3] from a generator seeded 1, collected by envs seeded 1 + 1000 · len("random")
+    rng = np.random.default_rng(1)
+    by_hand = collect_by_hand("InvertedPendulum-v5", lambda obs: rng.uniform(-3.0, 3.0, (len(obs), 1)).astype(
+        np.float32), 100, num_envs=2, seed=1 + 6000)
+    for key in D4RL_KEYS:
+        np.testing.assert_array_equal(data["random"][key], by_hand[key], err_msg=key)
+    # medium-expert is medium followed by expert
+    for key in D4RL_KEYS:
+        np.testing.assert_array_equal(data["medium-expert"][key],
+                                      np.concatenate([data["medium"][key], data["expert"][key]]), err_msg=key)
+    # medium-replay: the medium run's 300 stored transitions in order (the buffer never wrapped)
+    buffer = torch.load(tmp_path / "work" / "medium_buffer.pt", weights_only=True)
+    np.testing.assert_array_equal(data["medium-replay"]["observations"], buffer["obs"].numpy())
+    np.testing.assert_array_equal(data["medium-replay"]["rewards"], buffer["rewards"].numpy())
+    np.testing.assert_array_equal(data["medium-replay"]["terminals"], buffer["terminated"].numpy())
+    # every dataset carries the same reference returns; the random one is the mean return of 3 uniform-policy
+    # episodes (generator seeded 1, envs seeded 1 + 20000 + i, stepped together), by hand here
+    for kind, i in zip(data, ids):
+        refs = load_dataset_with_info(i, data_path=tmp_path / "data")[1]
+        assert (refs.ref_min_score, refs.ref_max_score) == (info.ref_min_score, info.ref_max_score), kind
+    rng, envs = np.random.default_rng(1), [gym.make("InvertedPendulum-v5") for _ in range(3)]
+    obs = [env.reset(seed=1 + 20_000 + i)[0] for i, env in enumerate(envs)]
+    returns, done = [0.0] * 3, [False] * 3
+    while not all(done):
+        actions = rng.uniform(-3.0, 3.0, (3, 1)).astype(np.float32)
+        for i, env in enumerate(envs):
+            if not done[i]:
+                obs[i], reward, terminated, truncated, _ = env.step(actions[i])
+                returns[i] += reward
+                done[i] = terminated or truncated
+    assert info.ref_min_score == pytest.approx(np.mean(returns), rel=1e-12)
     assert main(args) == 0 and "exists" in capsys.readouterr().err  # a rerun keeps what exists

@@ -1,7 +1,9 @@
 """SAC: update rule, save/load, determinism, resume after a kill, and clear errors for bad input."""
 
 import csv
+import dataclasses
 import json
+import math
 import os
 import re
 import signal
@@ -10,6 +12,7 @@ import sys
 import time
 from pathlib import Path
 
+import gymnasium as gym
 import numpy as np
 import pytest
 import torch
@@ -51,10 +54,38 @@ def test_update_shapes_schedule_and_target_tracking(fixed_batch):
         assert (target - before).abs().max() < 0.02 * (online - before).abs().max() + 1e-6
 
 
+def test_target_critic_follows_by_polyak_averaging_after_every_update(fixed_batch):
+    """θ' ← θ' + τ(θ − θ'), τ = 0.005, with θ the online critic right after each update's critic step."""
+    agent = make_agent()
+    expected = [p.detach().clone().double() for p in agent.critic_target.parameters()]
+    assert all(torch.equal(a, b) for a, b in zip(agent.critic_target.parameters(), agent.critic.parameters()))
+    for _ in range(3):
+        agent.update(fixed_batch)
+        online = [p.detach().double() for p in agent.critic.parameters()]
+        expected = [e + 0.005 * (o - e) for e, o in zip(expected, online)]
+        for e, target in zip(expected, agent.critic_target.parameters()):
+            torch.testing.assert_close(target.detach().double(), e, rtol=1e-6, atol=1e-7)  # float32 lerp rounding
+
+
 def test_critic_loss_falls_on_a_fixed_batch(fixed_batch):
     agent = make_agent(autotune=False, alpha=0.05)  # a small α keeps the sampled entropy term from masking the fit
     batch = fixed_batch
-    losses = [agent._update_critic(batch)["losses/qf_loss"].item() for _ in range(300)]
+    # the first loss by hand: y = r + 0.99 (1 − d)(min_k Q'_k(s', a') − 0.05 log π(a'|s')), a' ~ π(·|s') drawn
+    # with the same seed; the logged loss is the critics' mean of their mean squared errors
+    torch.manual_seed(11)
+    with torch.no_grad():
+        next_actions, next_log_prob = agent.actor.sample(batch.next_obs)
+        next_q = agent.critic_target(batch.next_obs, next_actions).squeeze(-1).double()  # (2, B)
+        y = batch.rewards.double() + 0.99 * (1 - batch.terminated.double()) * (
+            next_q.min(dim=0).values - 0.05 * next_log_prob.double())
+        q = agent.critic(batch.obs, batch.actions).squeeze(-1).double()
+    expected_loss = ((q - y) ** 2).mean(dim=1).mean().item()
+    torch.manual_seed(11)
+    first = agent._update_critic(batch)
+    assert first["losses/qf_loss"].item() == pytest.approx(expected_loss, rel=1e-5)  # a network pass in float32
+    assert first["losses/qf_values"].item() == pytest.approx(q.mean().item(), rel=1e-5, abs=1e-6)
+    losses = [first["losses/qf_loss"].item()] + [agent._update_critic(batch)["losses/qf_loss"].item()
+                                                  for _ in range(299)]
     assert losses[-1] < 0.2 * losses[0]
 
 
@@ -64,7 +95,24 @@ def test_actor_loss_falls_and_alpha_tracks_entropy_on_a_fixed_batch(fixed_batch)
     for _ in range(100):
         agent._update_critic(batch)
     alpha_before = agent.alpha.item()
-    losses = [agent._update_actor_and_alpha(batch.obs)["losses/actor_loss"].item() for _ in range(200)]
+    assert alpha_before == 1.0 and agent.target_entropy == -2.0  # α starts at 1; target entropy −|A|
+    # the first actor and α losses by hand: a ~ π(·|s) drawn with the same seed,
+    # actor loss = mean(α log π(a|s) − min_k Q_k(s, a)), α loss = −mean(α (log π(a|s) − 2))
+    torch.manual_seed(12)
+    with torch.no_grad():
+        actions, log_prob = agent.actor.sample(batch.obs)
+        q_min = agent.critic(batch.obs, actions).squeeze(-1).min(dim=0).values
+    expected_actor = (1.0 * log_prob.double() - q_min.double()).mean().item()
+    expected_alpha = -(1.0 * (log_prob.double() - 2.0)).mean().item()
+    torch.manual_seed(12)
+    first = agent._update_actor_and_alpha(batch.obs)
+    assert first["losses/actor_loss"].item() == pytest.approx(expected_actor, rel=1e-5)
+    assert first["losses/alpha_loss"].item() == pytest.approx(expected_alpha, rel=1e-5)
+    assert first["losses/alpha"].item() == 1.0  # logged before the α step
+    # d(α loss)/d log α = the α loss itself; Adam's first step moves log α by −lr · sign(gradient), lr 1e-3
+    assert agent.log_alpha.item() == pytest.approx(-1e-3 * math.copysign(1.0, expected_alpha), abs=1e-8)
+    losses = [first["losses/actor_loss"].item()]
+    losses += [agent._update_actor_and_alpha(batch.obs)["losses/actor_loss"].item() for _ in range(199)]
     assert np.mean(losses[-10:]) < np.mean(losses[:10])
     # entropy of a fresh tanh-Gaussian exceeds the target -|A|, so alpha must shrink
     assert agent.alpha.item() < alpha_before
@@ -73,17 +121,27 @@ def test_actor_loss_falls_and_alpha_tracks_entropy_on_a_fixed_batch(fixed_batch)
 @pytest.mark.parametrize("normalize_obs", [False, True])
 def test_save_and_load_give_the_same_policy(tmp_path, normalize_obs, fixed_batch):
     agent = make_agent(normalize_obs=normalize_obs)
+    seen = torch.randn(100, OBS_DIM) * 5 + 3
     if normalize_obs:
-        agent.obs_norm.update(torch.randn(100, OBS_DIM) * 5 + 3)
+        agent.obs_norm.update(seen)
     agent.update(fixed_batch)
     agent.save(tmp_path / "model.pt")
     loaded = SAC.load(tmp_path / "model.pt")
     obs = np.random.default_rng(1).normal(size=(4, OBS_DIM))
     np.testing.assert_array_equal(loaded.act(obs, deterministic=True), agent.act(obs, deterministic=True))
     assert loaded.config.hidden_sizes == (64, 64)
-    if normalize_obs:  # the statistics travel with the model
+    seen64 = seen.double().numpy()
+    if normalize_obs:  # the statistics travel with the model: those of the 100 observations seen
         torch.testing.assert_close(loaded.obs_norm.mean, agent.obs_norm.mean)
         assert loaded.obs_norm.count.item() == 100
+        np.testing.assert_allclose(loaded.obs_norm.mean.double().numpy(), seen64.mean(0), rtol=1e-6, atol=1e-6)
+        np.testing.assert_allclose(loaded.obs_norm.var.double().numpy(), seen64.var(0), rtol=1e-6)
+    # the loaded policy's deterministic action by hand: tanh(mean head of the trunk) on the normalised obs
+    # ((obs − mean) / sqrt(var + 1e-8), clipped at ±10, with --normalize-obs), in float64; 1e-5: a network pass
+    normalised = np.clip((obs - seen64.mean(0)) / np.sqrt(seen64.var(0) + 1e-8), -10, 10) if normalize_obs else obs
+    with torch.no_grad():
+        mean = loaded.actor.mean(loaded.actor.trunk(torch.as_tensor(normalised, dtype=torch.float32)))
+    np.testing.assert_allclose(loaded.act(obs, deterministic=True), torch.tanh(mean).numpy(), rtol=1e-5, atol=1e-6)
 
 
 def test_loading_another_algorithms_checkpoint_is_refused(tmp_path):
@@ -112,6 +170,54 @@ def test_same_seed_gives_identical_runs(tmp_path):
     for name in ("config.json", "episodes.csv", "eval.csv", "checkpoint.pt", "buffer.pt", "model.pt"):
         assert (first.run_dir / name).is_file(), name
     assert any(p.name.startswith("events.out.tfevents") for p in first.run_dir.iterdir())
+    check_run_files(first.run_dir, tiny_config(tmp_path / "a", seed=3), first.final_eval_returns)
+
+
+def check_run_files(run_dir: Path, config: SACConfig, final_eval_returns: np.ndarray) -> None:
+    """What a finished 600-step InvertedPendulum-v5 run wrote, against what it must contain."""
+    saved = json.loads((run_dir / "config.json").read_text())
+    assert saved["algo"] == "sac"
+    assert saved["config"] == json.loads(json.dumps(dataclasses.asdict(config), default=str))
+    # episodes.csv: InvertedPendulum-v5 pays 1 per step and 0 on the terminating step (no episode reaches the
+    # 1000-step limit in 600 steps), and one env's episode ends at the sum of the lengths so far
+    rows = read_episodes(run_dir)
+    lengths = [int(row["length"]) for row in rows]
+    assert [float(row["return"]) for row in rows] == [length - 1.0 for length in lengths]
+    assert [int(row["global_step"]) for row in rows] == np.cumsum(lengths).tolist()
+    assert [float(row["cost"]) for row in rows] == [0.0] * len(rows)
+    # eval.csv: the final evaluation only (eval_freq 0), its mean and population std of the returns
+    (evaluation,) = csv.DictReader((run_dir / "eval.csv").open())
+    assert int(evaluation["global_step"]) == 600 and int(evaluation["episodes"]) == 2
+    assert float(evaluation["mean_return"]) == pytest.approx(final_eval_returns.mean(), rel=1e-12)
+    assert float(evaluation["std_return"]) == pytest.approx(final_eval_returns.std(), abs=1e-12)
+    # the evaluation episodes by hand: single envs seeded seed + 10000 + i, the saved deterministic policy
+    model = SAC.load(run_dir / "model.pt")
+    for i, episode_return in enumerate(final_eval_returns):
+        env = gym.make("InvertedPendulum-v5")
+        obs, _ = env.reset(seed=config.seed + 10_000 + i)
+        total, done = 0.0, False
+        while not done:
+            obs, reward, terminated, truncated, _ = env.step(model.act(obs[None], deterministic=True)[0])
+            total, done = total + reward, terminated or truncated
+        assert total == episode_return, i
+    # the checkpoint and buffer: 600 steps, updates after learning_starts 200, every transition stored
+    checkpoint = torch.load(run_dir / "checkpoint.pt", weights_only=True)
+    assert checkpoint["global_step"] == 600 and checkpoint["agent"]["num_updates"] == 400
+    buffer = torch.load(run_dir / "buffer.pt", weights_only=True)
+    assert int(buffer["pos"]) == 600 and buffer["rewards"].shape == (600,)
+    terminated = buffer["terminated"].bool()
+    assert int(terminated.sum()) == len(rows)  # every finished episode terminated
+    torch.testing.assert_close(buffer["rewards"], (~terminated).float(), rtol=0, atol=0)
+    assert (buffer["next_obs"][terminated, 1].abs() > 0.2).all()  # the pole fell past 0.2 rad
+    assert (buffer["next_obs"][~terminated, 1].abs() <= 0.2).all()
+    # TensorBoard holds the same episode figures under CleanRL's names
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(run_dir))
+    events.Reload()
+    logged = [(e.step, e.value) for e in events.Scalars("charts/episodic_return")]
+    assert logged == [(int(row["global_step"]), pytest.approx(float(row["return"]))) for row in rows]
+    assert [e.step for e in events.Scalars("losses/qf_loss")] == [300, 400, 500, 600]  # every log_freq 100 once updating
 
 
 def test_resume_after_kill_leaves_no_gap_or_duplicate(tmp_path):

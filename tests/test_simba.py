@@ -50,7 +50,7 @@ def test_obs_normaliser_statistics_match_numpy_on_a_stream():
     np.testing.assert_allclose(norm.var.numpy(), seen.var(0), rtol=1e-10)
     obs = torch.as_tensor(seen[:3], dtype=torch.float32)
     expected = (seen[:3] - seen.mean(0)) / np.sqrt(seen.var(0) + 1e-8)
-    np.testing.assert_allclose(norm(obs).numpy(), expected, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(norm(obs).numpy(), expected, rtol=1e-6, atol=1e-6)
 
 
 def copy_simba_member(single: nn.Module, ensemble: nn.Module, k: int) -> None:
@@ -99,10 +99,42 @@ def test_simba_encoder_structure():
     assert up.out_features == 4 * 32
 
 
+def simba_member_by_hand(encoder: SimbaEncoder, k: int, x: torch.Tensor) -> torch.Tensor:
+    """Member k of a SimBa ensemble encoder from the definition, in float64:
+    h = x W + b; per block h ← h + W₂ relu(W₁ LN(h) + b₁) + b₂; then LN(h), LN(h) = γ (h − mean) / sqrt(var + 1e-5) + β."""
+
+    def ln(h, norm):
+        mean, var = h.mean(-1, keepdim=True), h.var(-1, unbiased=False, keepdim=True)
+        return norm.weight[k, 0].double() * (h - mean) / torch.sqrt(var + 1e-5) + norm.bias[k, 0].double()
+
+    def lin(h, layer):
+        return h @ layer.weight[k].double() + layer.bias[k, 0].double()
+
+    embed, *blocks, final_norm = encoder.net
+    with torch.no_grad():
+        h = lin(x.double(), embed)
+        for block in blocks:
+            norm, up, _, down = block.mlp
+            h = h + lin(lin(ln(h, norm), up).clamp_min(0.0), down)
+        return ln(h, final_norm)
+
+
 def test_simba_ensemble_takes_per_member_inputs():
+    torch.manual_seed(0)
     encoder = SimbaEncoder(OBS_DIM, 8, num_blocks=1, num_members=2)
+    with torch.no_grad():  # non-trivial LayerNorm affines, different per member
+        for module in encoder.modules():
+            if isinstance(module, EnsembleLayerNorm):
+                module.weight.uniform_(0.5, 1.5)
+                module.bias.uniform_(-0.5, 0.5)
     x = torch.randn(2, 4, OBS_DIM)
-    torch.testing.assert_close(encoder(x)[1], encoder(x[1])[1])
+    out = encoder(x)
+    assert out.shape == (2, 4, 8)
+    for k in range(2):  # member k sees its own rows x[k]; LayerNorm of O(1) features: 1e-5 (a network pass)
+        torch.testing.assert_close(out[k].double(), simba_member_by_hand(encoder, k, x[k]), rtol=1e-5, atol=1e-5)
+    assert not torch.allclose(out[1].double(), simba_member_by_hand(encoder, 1, x[0]), atol=1e-3)
+    # a shared input (B, in) goes to every member
+    torch.testing.assert_close(encoder(x[0])[1].double(), simba_member_by_hand(encoder, 1, x[0]), rtol=1e-5, atol=1e-5)
 
 
 def test_simbav2_critic_members_equal_separate_networks():
@@ -165,8 +197,13 @@ def test_simbav2_weight_rows_are_unit_after_a_training_update():
         optimizer.step()
         assert unit_row_error(critic) > 1e-3  # the Adam step moved rows off the sphere
         scalers = [p.clone() for name, p in critic.named_parameters() if "scaler" in name or "bias" in name]
+        weights = [m.weight.detach().double().clone() for m in critic.modules() if isinstance(m, HyperLinear)]
         critic.project_weights()
         assert unit_row_error(critic) < 1e-5
+        # each row keeps its direction: w ← w / ‖w‖₂
+        for before, module in zip(weights, (m for m in critic.modules() if isinstance(m, HyperLinear))):
+            torch.testing.assert_close(module.weight.detach().double(), before / before.norm(dim=-1, keepdim=True),
+                                       rtol=1e-6, atol=1e-7)
         after = [p for name, p in critic.named_parameters() if "scaler" in name or "bias" in name]
         assert all(torch.equal(a, b) for a, b in zip(scalers, after))  # only HyperLinear weights are projected
         losses.append(loss.item())
@@ -187,15 +224,41 @@ def test_actors_swap_in_for_mlp_actors(actor_cls, parent):
     actor = actor_cls(OBS_DIM, LOW, HIGH, hidden_dim=16)
     assert isinstance(actor, parent)
     obs = torch.randn(32, OBS_DIM)
+    scale, bias = torch.tensor([1.0, 1.0]), torch.tensor([0.0, 1.0])  # LOW (−1, 0), HIGH (1, 2)
+    torch.testing.assert_close(actor.action_scale, scale, rtol=0, atol=0)
+    torch.testing.assert_close(actor.action_bias, bias, rtol=0, atol=0)
     if parent is TanhGaussianActor:
+        torch.manual_seed(1)
         actions, log_prob = actor.sample(obs)
         assert log_prob.shape == (32,) and torch.isfinite(log_prob).all()
         mean, log_std = actor(obs)
         assert (log_std >= actor.log_std_min).all() and (log_std <= actor.log_std_max).all()
+        assert (actor.log_std_min, actor.log_std_max) == (-10.0, 2.0)  # the references' range
+        with torch.no_grad():  # log-std = min + (max − min)(tanh(raw) + 1) / 2 on the trunk's raw output
+            raw = actor.log_std(actor.trunk(obs))
+        torch.testing.assert_close(log_std, -10.0 + 6.0 * (torch.tanh(raw) + 1), rtol=1e-6, atol=1e-6)
         torch.testing.assert_close(actor.act(obs, deterministic=True), torch.tanh(mean) * actor.action_scale + actor.action_bias)
+        # the reparameterised sample by hand, in float64: ε ~ N(0, 1) (the one draw of `sample`, reproduced by
+        # the seed), u = μ + σε, a = tanh(u) · scale + bias, log π = Σ log N(ε) − log σ − log(scale (1 − tanh²u) + 1e-6)
+        torch.manual_seed(1)
+        noise = torch.randn(32, ACTION_DIM).double()
+        mu, sigma = mean.detach().double(), log_std.detach().double().exp()
+        squashed = torch.tanh(mu + sigma * noise)
+        torch.testing.assert_close(actions.detach().double(), squashed * scale.double() + bias.double(),
+                                   rtol=1e-6, atol=1e-6)
+        by_hand = (-0.5 * noise**2 - sigma.log() - 0.5 * math.log(2 * math.pi)
+                   - torch.log(scale.double() * (1 - squashed**2) + 1e-6)).sum(-1)
+        # float32 log(1 − tanh²u) loses digits as |tanh u| → 1 (by 1/(1 − tanh²u) < 100 inside 0.99): 1e-5
+        inside = squashed.abs().max(-1).values < 0.99
+        assert inside.sum() >= 16
+        torch.testing.assert_close(log_prob.detach().double()[inside], by_hand[inside], rtol=1e-5, atol=1e-5)
         loss = log_prob.mean() - actions.sum()
     else:
         actions = actor(obs)
+        with torch.no_grad():  # a = tanh(trunk and output layer) · scale + bias
+            pre_tanh = actor.net[:-1](obs)
+        assert isinstance(actor.net[-1], nn.Tanh)
+        torch.testing.assert_close(actions, torch.tanh(pre_tanh) * scale + bias, rtol=1e-6, atol=1e-6)
         loss = actions.sum()
     assert actions.shape == (32, ACTION_DIM)
     assert (actions >= torch.tensor(LOW, dtype=torch.float32)).all() and (actions <= torch.tensor(HIGH, dtype=torch.float32)).all()
@@ -208,11 +271,21 @@ def test_actors_swap_in_for_mlp_actors(actor_cls, parent):
 
 
 def test_simba_critic_feeds_value_heads():
-    head = C51Head(-5.0, 5.0, 11)
+    torch.manual_seed(0)
+    head = C51Head(-5.0, 5.0, 11)  # atoms −5, −4, …, 5
     critic = SimbaCritic(OBS_DIM, ACTION_DIM, hidden_dim=8, num_blocks=1, num_outputs=head.num_outputs)
     logits = critic(torch.randn(4, OBS_DIM), torch.randn(4, ACTION_DIM))
-    assert head.value(logits).shape == (2, 4)
-    head.loss(logits, torch.zeros(4)).mean().backward()
+    assert logits.shape == (2, 4, 11)
+    probs = F.softmax(logits.detach().double(), -1)
+    atoms = torch.arange(-5.0, 6.0, dtype=torch.float64)
+    torch.testing.assert_close(head.value(logits).detach().double(), probs @ atoms, rtol=1e-6, atol=1e-6)
+    # a target of 0 is the one-hot of atom 5: the loss is −log softmax(logits)[5]
+    loss = head.loss(logits, torch.zeros(4))
+    torch.testing.assert_close(loss.detach().double(), -torch.log(probs[..., 5]), rtol=1e-6, atol=1e-6)
+    loss.mean().backward()
+    # d(mean loss)/d(output bias of member k) = Σ_b (softmax − one-hot of atom 5) / (2 · 4)
+    expected = (probs - F.one_hot(torch.tensor(5), 11).double()).sum(1, keepdim=True) / 8
+    torch.testing.assert_close(critic.output.bias.grad.double(), expected, rtol=1e-5, atol=1e-7)
     assert all(p.grad is not None for p in critic.parameters())
 
 

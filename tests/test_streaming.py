@@ -2,6 +2,7 @@
 stream AC / Q / TD updates, runs, resume after a kill, and clear errors."""
 
 import csv
+import json
 import math
 import re
 import signal
@@ -178,7 +179,7 @@ def test_wrappers_match_numpy_on_a_stream():
         elapsed += 1
         history = np.array(recorder.observations, np.float64)  # every raw observation so far
         expected_obs = (history[-1] - history.mean(0)) / np.sqrt(history.var(0, ddof=1) + 1e-8)
-        np.testing.assert_allclose(obs[:3], expected_obs, rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(obs[:3], expected_obs, rtol=1e-6, atol=1e-6)
         assert obs[3] == pytest.approx(1 - elapsed / 7)  # the time feature
         raw_reward, _ = recorder.rewards[-1]
         trace = 0.9 * trace + raw_reward
@@ -212,6 +213,27 @@ def test_env_state_round_trip_and_frozen_statistics():
         env.step(1)
     state = stream_env_state(env)
     assert set(state) == {"obs_normalizer", "reward_scaler"} and int(state["obs_normalizer"]["count"]) == 11
+    # the statistics against numpy on the same raw stream (the env alone, same seed and actions): the reset
+    # observation and 10 step observations; the discounted-return traces u ← 0.99 u + r, restarted after every
+    # step the time limit (7) truncates (steps 7 to 10: the test never resets)
+    raw = gym.make("keelrl_test/StreamTest-v0")
+    observations, rewards, traces, trace = [raw.reset(seed=1)[0]], [], [], 0.0
+    for _ in range(10):
+        obs, reward, terminated, truncated, _ = raw.step(1)
+        observations.append(obs)
+        rewards.append(reward)
+        trace = 0.99 * trace + reward
+        traces.append(trace)
+        if terminated or truncated:
+            trace = 0.0
+    observations = np.array(observations, np.float64)
+    np.testing.assert_allclose(state["obs_normalizer"]["mean"].numpy(), observations.mean(0), rtol=1e-12)
+    np.testing.assert_allclose(state["obs_normalizer"]["m2"].numpy(), observations.var(0) * 11, rtol=1e-10)
+    scaler = state["reward_scaler"]
+    assert int(scaler["count"]) == 10 and float(scaler["return_trace"]) == 0.0
+    assert float(scaler["mean"]) == pytest.approx(np.mean(traces), rel=1e-12)
+    assert float(scaler["m2"]) == pytest.approx(np.var(traces) * 10, rel=1e-10)
+    assert traces[6] > rewards[6] and traces[7:] == rewards[7:]  # a long trace, then restarts after step 7
     other = make_stream_env("keelrl_test/StreamTest-v0")
     load_stream_env_state(other, state)
     for key, saved in stream_env_state(other).items():
@@ -267,7 +289,22 @@ def test_repeated_updates_on_one_terminal_transition_shrink_the_td_error(make_ag
     agent = make_agent()
     obs = np.array([0.5, -1.0, 2.0, 0.1], np.float32)
     action = agent.act(obs, deterministic=True)
-    errors = [agent.update(Transition(obs, action, 3.0, obs, True, True))["losses/td_error"] for _ in range(30)]
+    # the first TD error by hand: δ = r − V(s) (or r − Q(s, a)), nothing bootstrapped from a terminal s'
+    network = agent.q_network if isinstance(agent, StreamQ) else agent.critic
+    params = list(network.parameters())
+    output = network(torch.as_tensor(obs))
+    value = output[action] if isinstance(agent, StreamQ) else output[0]
+    gradient = torch.cat([g.reshape(-1) for g in torch.autograd.grad(value, params)]).double()
+    before = torch.cat([p.detach().reshape(-1) for p in params]).double()
+    delta = 3.0 - value.item()
+    errors = [agent.update(Transition(obs, action, 3.0, obs, True, True))["losses/td_error"]]
+    assert errors[0] == pytest.approx(delta, rel=1e-6)
+    if not isinstance(agent, StreamAC):  # (AC's critic is stepped alike; its actor's objective is its own)
+        # ObGD's first step by hand: e = ∇, η = lr / max(1, lr κ max(|δ|, 1) ‖e‖₁), θ ← θ + η δ e; lr 1, κ 2
+        step_size = 1.0 / max(1.0, 1.0 * 2.0 * max(abs(delta), 1.0) * gradient.abs().sum().item())
+        after = torch.cat([p.detach().reshape(-1) for p in params]).double()
+        torch.testing.assert_close(after, before + step_size * delta * gradient, rtol=1e-5, atol=1e-7)
+    errors += [agent.update(Transition(obs, action, 3.0, obs, True, True))["losses/td_error"] for _ in range(29)]
     assert abs(errors[-1]) < 0.05 * abs(errors[0])
     assert all(math.isfinite(e) for e in errors)
 
@@ -316,6 +353,15 @@ def test_stream_q_runs_are_reproducible_and_complete(tmp_path):
     assert any(p.name.startswith("events.out.tfevents") for p in first.run_dir.iterdir())
     evals = list(csv.DictReader((first.run_dir / "eval.csv").open()))
     assert [int(row["global_step"]) for row in evals] == [1000, 1500]
+    assert float(evals[-1]["mean_return"]) == pytest.approx(first.final_eval_returns.mean(), rel=1e-12)
+    assert float(evals[-1]["std_return"]) == pytest.approx(first.final_eval_returns.std(), abs=1e-12)
+    # CartPole-v1 pays 1 per step, and one env's episodes end at the running sum of their lengths
+    rows = read_episodes(first.run_dir)
+    lengths = [int(row["length"]) for row in rows]
+    assert [float(row["return"]) for row in rows] == [float(n) for n in lengths]
+    assert [int(row["global_step"]) for row in rows] == np.cumsum(lengths).tolist()
+    saved = json.loads((first.run_dir / "config.json").read_text())
+    assert saved["algo"] == "stream_q" and saved["config"]["seed"] == 3 and saved["config"]["total_timesteps"] == 1500
     # the saved model acts as the trained one, with the run's normaliser statistics
     loaded = StreamQ.load(first.run_dir / "model.pt")
     assert int(loaded.env_state["reward_scaler"]["count"]) == 1500

@@ -45,7 +45,23 @@ def test_actor_and_targets_update_only_every_policy_frequency(fixed_batch):
 
 def test_critic_loss_falls_on_a_fixed_batch(fixed_batch):
     agent = make_agent()
-    losses = [agent._update_critic(fixed_batch)["losses/qf_loss"].item() for _ in range(300)]
+    batch = fixed_batch
+    # the first loss by hand: ã' = clip(μ'(s') + clip(0.2 ε, ±0.5), ±1) with ε the step's one normal draw
+    # (same seed), y = r + 0.99 (1 − d) min_k Q'_k(s', ã'); logged: the critics' mean of their MSEs
+    torch.manual_seed(21)
+    noise = (0.2 * torch.randn(256, ACTION_DIM)).clamp(-0.5, 0.5)
+    with torch.no_grad():
+        next_actions = (agent.actor_target(batch.next_obs) + noise).clamp(-1.0, 1.0)
+        next_q = agent.critic_target(batch.next_obs, next_actions).squeeze(-1).double()
+        y = batch.rewards.double() + 0.99 * (1 - batch.terminated.double()) * next_q.min(dim=0).values
+        q = agent.critic(batch.obs, batch.actions).squeeze(-1).double()
+    assert (noise.abs() == 0.5).any()  # the clip is part of the check
+    torch.manual_seed(21)
+    first = agent._update_critic(batch)
+    assert first["losses/qf_loss"].item() == pytest.approx(((q - y) ** 2).mean(dim=1).mean().item(), rel=1e-5)
+    assert first["losses/qf_values"].item() == pytest.approx(q.mean().item(), rel=1e-5, abs=1e-6)
+    losses = [first["losses/qf_loss"].item()] + [agent._update_critic(batch)["losses/qf_loss"].item()
+                                                  for _ in range(299)]
     assert losses[-1] < 0.2 * losses[0]
 
 
@@ -53,7 +69,14 @@ def test_actor_ascends_the_first_critic(fixed_batch):
     agent = make_agent()
     for _ in range(100):
         agent._update_critic(fixed_batch)
-    losses = [agent._update_actor(fixed_batch.obs).item() for _ in range(100)]
+    with torch.no_grad():  # −mean Q1(s, μ(s)), the first critic only
+        q_all = agent.critic(fixed_batch.obs, agent.actor(fixed_batch.obs)).squeeze(-1).double()
+    critic_before = [p.clone() for p in agent.critic.parameters()]
+    first = agent._update_actor(fixed_batch.obs).item()
+    assert first == pytest.approx(-q_all[0].mean().item(), rel=1e-5)
+    assert first != pytest.approx(-q_all.min(dim=0).values.mean().item(), rel=1e-3)  # not the twin minimum
+    assert all(torch.equal(a, b) for a, b in zip(critic_before, agent.critic.parameters()))  # the critic stays
+    losses = [first] + [agent._update_actor(fixed_batch.obs).item() for _ in range(99)]
     assert np.mean(losses[-10:]) < np.mean(losses[:10])
 
 
@@ -80,9 +103,28 @@ def test_tiny_run_writes_logs_and_loads(tmp_path):
     result = train(config)
     rows = list(csv.DictReader((result.run_dir / "eval.csv").open()))
     assert [int(r["global_step"]) for r in rows] == [250, 500]
+    # the evaluation rows: mean and population std of that evaluation's returns; the last one is the final
+    assert float(rows[-1]["mean_return"]) == pytest.approx(result.final_eval_returns.mean(), rel=1e-12)
+    assert float(rows[-1]["std_return"]) == pytest.approx(result.final_eval_returns.std(), abs=1e-12)
+    assert [int(r["episodes"]) for r in rows] == [2, 2]
+    # episodes.csv: InvertedPendulum-v5 pays 1 per step, 0 on the terminating one; one env ends episodes at
+    # the running sum of their lengths
+    episodes = list(csv.DictReader((result.run_dir / "episodes.csv").open()))
+    lengths = [int(r["length"]) for r in episodes]
+    assert len(episodes) > 5 and [float(r["return"]) for r in episodes] == [n - 1.0 for n in lengths]
+    assert [int(r["global_step"]) for r in episodes] == np.cumsum(lengths).tolist()
     loaded = TD3.load(result.run_dir / "model.pt")
-    obs = np.zeros((3, 4))
-    np.testing.assert_array_equal(loaded.act(obs, deterministic=True).shape, (3, 1))
+    obs = np.random.default_rng(0).normal(size=(3, 4))
+    actions = loaded.act(obs, deterministic=True)
+    assert actions.shape == (3, 1)
+    # the saved actor by hand from model.pt's tensors: 3 tanh(W3 relu(W2 relu(W1 s + b1) + b2) + b3), the
+    # action space of InvertedPendulum-v5 being [−3, 3]
+    saved = torch.load(result.run_dir / "model.pt", weights_only=True)["networks"]
+    h = torch.as_tensor(obs)
+    for i in (0, 2, 4):
+        h = h @ saved[f"actor.net.{i}.weight"].double().T + saved[f"actor.net.{i}.bias"].double()
+        h = h.clamp_min(0.0) if i < 4 else torch.tanh(h)
+    np.testing.assert_allclose(actions, 3.0 * h.numpy(), rtol=1e-5, atol=1e-6)
     assert torch.load(result.run_dir / "checkpoint.pt", weights_only=True)["agent"]["num_updates"] == 300
 
 

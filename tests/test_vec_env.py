@@ -26,11 +26,11 @@ def random_actions(seed: int) -> np.ndarray:
     return np.random.default_rng(seed).uniform(-3, 3, (STEPS, NUM_ENVS, 1)).astype(np.float32)
 
 
-def transitions_by_hand(backend: str, env_seed: int, actions: np.ndarray) -> list[tuple]:
+def transitions_by_hand(backend: str, env_seed: int, actions: np.ndarray, env_kwargs=ENV_KWARGS) -> list[tuple]:
     """(obs, action, reward, next_obs, terminated, truncated) of one env, each backend's native way."""
     out = []
     if backend == "gymnasium":
-        env = gym.make(ENV_ID, **ENV_KWARGS)
+        env = gym.make(ENV_ID, **env_kwargs)
         obs, _ = env.reset(seed=env_seed)
         for action in actions:
             next_obs, reward, terminated, truncated, _ = env.step(action)
@@ -39,7 +39,7 @@ def transitions_by_hand(backend: str, env_seed: int, actions: np.ndarray) -> lis
         return out
     import envpool
 
-    env = envpool.make_gymnasium(ENV_ID, num_envs=1, seed=env_seed, **ENV_KWARGS)
+    env = envpool.make_gymnasium(ENV_ID, num_envs=1, seed=env_seed, **env_kwargs)
     obs = env.reset()[0][0]
     for action in actions:
         next_obs, reward, terminated, truncated, _ = env.step(action[None])
@@ -96,6 +96,12 @@ def test_truncated_transition_keeps_true_final_observation(backend):
     # the final observation continues the episode; next_obs starts a new one near the origin
     assert not np.allclose(info["final_obs"], next_obs)
     assert info["episode"]["length"][0] == 3 and info["episode"]["return"][0] == 3.0
+    # both against one env stepped by hand: the third step's own next observation, then the reset's
+    by_hand = transitions_by_hand(backend, 0, np.zeros((4, 1), np.float32), env_kwargs={"max_episode_steps": 3})
+    assert by_hand[2][5] and not by_hand[2][4]
+    np.testing.assert_allclose(info["final_obs"][0], by_hand[2][3], rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(next_obs[0], by_hand[3][0], rtol=1e-6, atol=1e-6)
+    env.close()
 
 
 def test_unknown_env_id_suggests_close_ids():
@@ -146,9 +152,30 @@ def test_reward_normalizer_divides_by_discounted_return_std():
 def test_normalizer_state_saves_and_restores(backend, tmp_path):
     kwargs = dict(num_envs=2, seed=3, backend=backend, normalize_obs=True, normalize_reward=True)
     env = make_vec_env(ENV_ID, **kwargs)
+    raw_env = make_vec_env(ENV_ID, num_envs=2, seed=3, backend=backend)  # the same stream, unnormalised
     env.reset()
+    seen, traces, dones_seen = [raw_env.reset()[0]], [], []
+    trace = np.zeros(2)
     for _ in range(20):
-        env.step(np.full((2, 1), 0.5, np.float32))
+        actions = np.full((2, 1), 0.5, np.float32)
+        env.step(actions)
+        next_obs, rewards, terminated, truncated, _ = raw_env.step(actions)
+        seen.append(next_obs)
+        trace = 0.99 * trace + rewards  # the discounted return, restarted after an episode's last step
+        traces.append(trace.copy())
+        trace[terminated | truncated] = 0.0
+        dones_seen.append(terminated | truncated)
+    raw_env.close()
+    assert np.any(dones_seen)  # episodes ended (and restarted) inside the 20 steps
+    # the statistics by numpy: every observation handed out (reset and after each step), every return trace
+    seen, traces = np.concatenate(seen).astype(np.float64), np.concatenate(traces)
+    np.testing.assert_allclose(env.obs_normalizer.rms.mean, seen.mean(0), rtol=1e-9, atol=1e-12)
+    np.testing.assert_allclose(env.obs_normalizer.rms.var, seen.var(0), rtol=1e-9)
+    np.testing.assert_allclose(env.reward_normalizer.rms.var, traces.var(), rtol=1e-9)
+    np.testing.assert_allclose(env.reward_normalizer.returns, trace, rtol=1e-12)
+    raw_probe = np.random.default_rng(1).normal(size=(5, 4))
+    expected = np.clip((raw_probe - seen.mean(0)) / np.sqrt(seen.var(0) + 1e-8), -10, 10)
+    np.testing.assert_allclose(env.normalize_obs(raw_probe), expected, rtol=1e-6, atol=1e-6)  # float32 output
     torch.save(env.state_dict(), tmp_path / "env.pt")
     restored = make_vec_env(ENV_ID, **kwargs)
     restored.load_state_dict(torch.load(tmp_path / "env.pt", weights_only=True))
@@ -161,9 +188,19 @@ def test_normalizer_state_saves_and_restores(backend, tmp_path):
 
 
 def test_frozen_normalizer_does_not_update():
-    env = make_vec_env(ENV_ID, 1, normalize_obs=True)
+    env = make_vec_env(ENV_ID, 1, seed=0, normalize_obs=True)
     env.reset()
     env.training = False
     count = env.obs_normalizer.rms.count
-    env.step(np.zeros((1, 1), np.float32))
-    assert env.obs_normalizer.rms.count == count
+    mean, var = env.obs_normalizer.rms.mean.copy(), env.obs_normalizer.rms.var.copy()
+    next_obs, *_ = env.step(np.zeros((1, 1), np.float32))
+    assert env.obs_normalizer.rms.count == count == 1  # the reset observation only
+    np.testing.assert_array_equal(env.obs_normalizer.rms.mean, mean)
+    np.testing.assert_array_equal(env.obs_normalizer.rms.var, var)
+    # a frozen normaliser still normalises, with the old statistics: one observation, variance 0
+    raw = gym.make(ENV_ID)
+    first, _ = raw.reset(seed=0)
+    stepped = raw.step(np.zeros(1, np.float32))[0]
+    np.testing.assert_allclose(mean, first, rtol=1e-12)
+    np.testing.assert_allclose(next_obs[0], np.clip((stepped - first) / np.sqrt(0.0 + 1e-8), -10, 10),
+                               rtol=1e-5, atol=1e-5)
