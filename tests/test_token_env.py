@@ -30,8 +30,10 @@ def encode(text):
     return TOKENIZER.encode(text)
 
 
-def test_gymnasium_check_env_passes():
-    check_env(TokenEnv(make_task("add"), TOKENIZER, max_new_tokens=4, context_length=12), skip_render_check=True)
+def test_gymnasium_check_env_passes_without_a_warning():
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # any warning of check_env fails the test
+        check_env(TokenEnv(make_task("add"), TOKENIZER, max_new_tokens=4, context_length=12), skip_render_check=True)
 
 
 def test_episode_observations_reward_and_termination():
