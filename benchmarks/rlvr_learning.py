@@ -143,35 +143,39 @@ def main(args: Args) -> None:
             print(rows[-1])
     c = GRPOConfig()
     heldout = len(make_task(c.task, c.task_size, c.max_value, c.heldout_fraction).problems("heldout", 100, seed=0))
+    budget = (f"within {args.max_minutes:g} minutes of wall clock, warm-up included" if args.max_minutes
+              else f"within {c.iterations} iterations")
     lines = [
-        f"Held-out greedy accuracy on single-digit a+b ({args.threshold:g} within {args.max_minutes:g} minutes of "
-        f"wall clock, warm-up included), GRPOConfig defaults apart from the entropy bonus: {c.n_layer}-layer "
+        f"Held-out greedy accuracy on single-digit a+b ({args.threshold:g} {budget}), GRPOConfig defaults apart "
+        f"from the entropy bonus: {c.n_layer}-layer "
         f"{c.n_embd}-wide GPT-2 with a character vocabulary, {c.warmup_steps} warm-up steps on random answers, "
         f"{c.num_prompts} prompts × {c.group_size} completions, AdamW lr {c.learning_rate:g} annealed to 0 over "
         f"{c.iterations} iterations (weight decay {c.weight_decay:g}), {c.update_epochs} epochs × "
         f"{c.num_minibatches} minibatches, clip {c.clip_low}/{c.clip_high}, k3 KL β {c.beta:g}, {weighting_of(c)}, "
         f"{c.loss_aggregation}, 1 thread. Held-out: the {heldout} of the 100 prompts that "
         f"the hash split keeps out of training (the same for every seed); evaluated every {args.eval_every} "
-        f"iterations. A run stops at {c.iterations} iterations or {args.max_minutes:g} minutes.",
+        f"iterations. A run stops at {c.iterations} iterations"
+        + (f" or {args.max_minutes:g} minutes." if args.max_minutes else " (no wall-clock limit)."),
         "",
         f"Machine: {machine_description()}; CPU affinity {sorted(os.sched_getaffinity(0))}. "
         f"Command: `{command_of(args)}` (with --runs-dir outside the repository; the run directory does not affect "
         f"the figures). Commit: {commit}. \"first ≥ bar\" is the wall-clock minute of the first evaluation at or "
         f"above the bar; \"final\" is the evaluation when the run stops.",
         "",
-        "| entropy bonus | seed | after warm-up | final | best | first ≥ bar (min) | pass@1 | pass@4 | iterations "
-        "| wall s | CPU s |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| entropy bonus | seed | after warm-up | final | best | first ≥ bar (min) | first ≥ bar (iteration) | pass@1 "
+        "| pass@4 | iterations | wall s | CPU s |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
         reached = "—" if r["reached"] is None else f"{r['reached']:.2f}"
+        reached_iteration = "—" if r["reached_iteration"] is None else str(r["reached_iteration"])
         lines.append(f"| {r['ent_coef']:g} | {r['seed']} | {r['start']:.2f} | {r['final']:.2f} | {r['best']:.2f} | "
-                     f"{reached} | {r['pass@1']:.2f} | {r['pass@4']:.2f} | {r['iterations']} | {r['wall']:.0f} | "
+                     f"{reached} | {reached_iteration} | {r['pass@1']:.2f} | {r['pass@4']:.2f} | {r['iterations']} | {r['wall']:.0f} | "
                      f"{r['cpu']:.0f} |")
     for ent_coef in args.ent_coefs:
         hits = sum(r["reached"] is not None for r in rows if r["ent_coef"] == ent_coef)
         lines.append(f"\nEntropy bonus {ent_coef:g}: {hits} of {len(args.seeds)} seeds reached {args.threshold} "
-                     f"within {args.max_minutes:g} minutes.")
+                     f"{budget}.")
     text = "\n".join(lines)
     print(text)
     write_section(args.output, "Learning check", text)
