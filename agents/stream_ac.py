@@ -9,58 +9,122 @@ The algorithm, top to bottom, on each transition (s, a, r, s'):
 - the actor's trace takes ∇[log π(a|s) + c·sign(δ)·H(π(·|s))] (c the entropy coefficient) and
   ObGD (κ 3) steps it along δ; both traces are reset when the episode ends.
 The policy is a Gaussian (mean, softplus std) for Box actions, a softmax for Discrete ones.
-Observations are normalised, rewards scaled and a time feature appended by the env wrappers.
-The training loop is in agents/streaming.py.
+No replay buffer and no batch: each env step is one update. Observations are normalised, rewards
+scaled and a time feature appended by the env wrappers (envs/streaming_wrappers.py); their
+statistics are saved with checkpoints and with the model. Runs on the CPU: a one-sample update is a
+few dozen small kernel launches.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
+import os
+from pathlib import Path
 
 import gymnasium as gym
 import numpy as np
 import torch
 import torch.nn.functional as F
+from torch import nn
 
-from keelrl.agents.common import TrainResult, run_cli
-from keelrl.agents.streaming import (
-    StreamAgent,
-    StreamConfig,
+from keelrl.agents.common import TrainResult, load_checkpoint, restore_rng_state, rng_state, run_cli, save_checkpoint
+from keelrl.agents.harness import Run, RunOptions, validate_run_options
+from keelrl.envs.streaming_wrappers import (
     Transition,
-    as_tensor,
-    evaluate,
-    train_streaming,
-    validate_stream,
+    load_stream_env_state,
+    make_stream_env,
+    space_from_dict,
+    space_to_dict,
+    stream_env_state,
+    stream_returns_and_costs,
 )
 from keelrl.networks.streaming import ObGD, StreamMLP
 
 __all__ = ["StreamAC", "StreamACConfig", "train", "evaluate"]
 
+ALGO = "stream_ac"
+
+
 @dataclasses.dataclass
-class StreamACConfig(StreamConfig):
+class StreamACConfig(RunOptions):
+    env_id: str = "Hopper-v5"
+    """gymnasium environment id (one env, flat observations; Box or Discrete actions)"""
+    total_timesteps: int = 1_000_000
+    """environment steps (= updates) to train for"""
+    gamma: float = 0.99
+    """discount factor"""
+    lam: float = 0.8
+    """trace decay λ: eligibility traces decay by γλ per step"""
+    lr: float = 1.0
+    """ObGD learning rate of both networks (the step size before the overshooting bound)"""
+    kappa_value: float = 2.0
+    """ObGD bound κ of the value network"""
     kappa_policy: float = 3.0
     """ObGD bound κ of the policy network"""
     entropy_coef: float = 0.01
     """entropy bonus c in the policy objective log π + c·sign(δ)·H"""
+    hidden_sizes: tuple[int, ...] = (128, 128)
+    """hidden layer widths of both networks (Linear → LayerNorm without affine → leaky ReLU each)"""
+    sparsity: float = 0.9
+    """fraction of each weight row's inputs zeroed at initialisation"""
+    adaptive: bool = False
+    """adaptive ObGD: trace coordinates divided by the root of a running mean of (δe)²"""
+    beta2: float = 0.999
+    """decay of adaptive ObGD's running mean of (δe)²"""
+    normalize_obs: bool = True
+    """standardise observations by running Welford mean and variance"""
+    scale_rewards: bool = True
+    """divide rewards by the running std of a discounted-return trace"""
+    time_feature: bool = True
+    """append the fraction of the time limit still ahead to the observation"""
+    eval_freq: int = 20_000
+    """environment steps between evaluations (0: only at the end)"""
+    checkpoint_freq: int = 100_000
+    """environment steps between checkpoints (the last one is always written)"""
 
 
 def validate(config: StreamACConfig) -> None:
-    validate_stream(config)
-    if config.kappa_policy <= 0 or config.entropy_coef < 0:
-        raise ValueError(f"--kappa-policy must be positive and --entropy-coef non-negative, got "
-                         f"{config.kappa_policy} and {config.entropy_coef}.")
+    """Reject option values no run can use, with the option's command-line name."""
+    validate_run_options(config, "total_timesteps")
+    for name in ("gamma", "lam", "beta2"):
+        if not 0.0 <= getattr(config, name) <= 1.0:
+            raise ValueError(f"--{name} must lie in [0, 1], got {getattr(config, name)}.")
+    if config.lr <= 0 or config.kappa_value <= 0 or config.kappa_policy <= 0:
+        raise ValueError(f"--lr, --kappa-value and --kappa-policy must be positive, got {config.lr}, "
+                         f"{config.kappa_value} and {config.kappa_policy}.")
+    if config.entropy_coef < 0:
+        raise ValueError(f"--entropy-coef must be non-negative, got {config.entropy_coef}.")
+    if not 0.0 <= config.sparsity < 1.0:
+        raise ValueError(f"--sparsity must lie in [0, 1), got {config.sparsity}.")
+    if not config.hidden_sizes or min(config.hidden_sizes) < 1:
+        raise ValueError(f"--hidden-sizes needs positive widths, got {config.hidden_sizes}.")
 
 
-class StreamAC(StreamAgent):
-    """A critic V(s) and a policy π(a|s), each a 2-layer LayerNorm MLP stepped by its own ObGD."""
+def check_action_space(action_space: gym.Space, env_id: str) -> None:
+    box = isinstance(action_space, gym.spaces.Box) and len(action_space.shape) == 1
+    if not box and not isinstance(action_space, gym.spaces.Discrete):
+        raise ValueError(f"Stream AC needs a Box (vector) or Discrete action space; {env_id!r} has {action_space}.")
 
-    algo = "stream_ac"
-    config_cls = StreamACConfig
+
+def as_tensor(obs: np.ndarray) -> torch.Tensor:
+    return torch.as_tensor(obs, dtype=torch.float32)
+
+
+class StreamAC(nn.Module):
+    """A policy π(a|s) and a critic V(s), each a LayerNorm MLP stepped by its own ObGD."""
 
     def __init__(self, obs_dim: int, action_space: gym.Space, config: StreamACConfig):
-        super().__init__(obs_dim, action_space, config)
+        super().__init__()
+        self.config = config
+        self.obs_dim = obs_dim
+        self.action_space = action_space
         self.continuous = isinstance(action_space, gym.spaces.Box)
+        self.env_state: dict[str, dict[str, torch.Tensor]] = {}
+        """normaliser statistics of the env the agent learnt on (evaluation loads them, frozen)"""
+        self.rng = np.random.default_rng(config.seed)
+        """a numpy generator saved with checkpoints (the policy samples with torch's generator)"""
+        self.num_updates = 0
         # Box: mean and pre-softplus std of each action dimension; Discrete: one logit per action
         policy_outputs = 2 * action_space.shape[0] if self.continuous else int(action_space.n)
         self.actor = StreamMLP(obs_dim, config.hidden_sizes, policy_outputs, config.sparsity)
@@ -68,12 +132,6 @@ class StreamAC(StreamAgent):
         shared = dict(lr=config.lr, gamma=config.gamma, lam=config.lam, adaptive=config.adaptive, beta2=config.beta2)
         self.optimizers = {"critic": ObGD(self.critic.parameters(), kappa=config.kappa_value, **shared),
                            "actor": ObGD(self.actor.parameters(), kappa=config.kappa_policy, **shared)}
-
-    @classmethod
-    def check_action_space(cls, action_space: gym.Space, env_id: str) -> None:
-        box = isinstance(action_space, gym.spaces.Box) and len(action_space.shape) == 1
-        if not box and not isinstance(action_space, gym.spaces.Discrete):
-            raise ValueError(f"Stream AC needs a Box (vector) or Discrete action space; {env_id!r} has {action_space}.")
 
     def _gaussian(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         mean, raw_std = self.actor(obs).chunk(2)  # (2A,) -> (A,), (A,)
@@ -103,19 +161,123 @@ class StreamAC(StreamAgent):
         return log_probs[action] + entropy_weight * entropy
 
     def update(self, transition: Transition) -> dict[str, float]:
+        """One AC(λ) step of both networks on one transition; returns the scalars to log."""
         obs = as_tensor(transition.obs)
         # V(s) and V(s') in one forward pass; only V(s) is differentiated
         values = self.critic(torch.stack((obs, as_tensor(transition.next_obs))))  # (2, 1)
         value, next_value = values.detach().numpy()[:, 0]
         bootstrap = 0.0 if transition.terminated else self.config.gamma * next_value
         delta = float(transition.reward + bootstrap - value)
+        # one backward pass fills both gradients: ∇V(s) for the critic, ∇(policy objective) for the actor
         (values[0, 0] + self._policy_objective(obs, transition.action, delta)).backward()
-        return {"losses/td_error": delta, **self.step_optimizers(delta, transition.episode_end)}
+        logged = {"losses/td_error": delta}
+        # each network: e ← γλe + ∇; θ ← θ + ηδe, η under its own bound κ; e ← 0 at an episode end
+        for name, optimizer in self.optimizers.items():
+            logged[f"losses/{name}_step_size"] = optimizer.step(delta, reset=transition.episode_end)
+            optimizer.zero_grad()
+        self.num_updates += 1
+        return logged
+
+    def start_episode(self) -> None:
+        """Forget the traces of the episode before (done by the episode's last update; the training loop
+        calls this when a resumed run restarts its env mid-episode)."""
+        for optimizer in self.optimizers.values():
+            optimizer.reset_trace()
+
+    def training_state(self) -> dict:
+        return {"networks": self.state_dict(),
+                "optimizers": {name: optimizer.state_dict() for name, optimizer in self.optimizers.items()},
+                "num_updates": self.num_updates}
+
+    def load_training_state(self, state: dict) -> None:
+        self.load_state_dict(state["networks"])
+        for name, optimizer in self.optimizers.items():
+            optimizer.load_state_dict(state["optimizers"][name])
+        self.num_updates = state["num_updates"]
+
+    def save(self, path: str | os.PathLike) -> None:
+        """Networks, config, action space and env statistics: tensors and plain values only."""
+        save_checkpoint(Path(path), {"algo": ALGO, "config": dataclasses.asdict(self.config), "obs_dim": self.obs_dim,
+                                     "action_space": space_to_dict(self.action_space), "networks": self.state_dict(),
+                                     "env_state": self.env_state})
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> StreamAC:
+        state = load_checkpoint(path, ALGO)
+        config = StreamACConfig(**{**state["config"], "hidden_sizes": tuple(state["config"]["hidden_sizes"])})
+        agent = cls(state["obs_dim"], space_from_dict(state["action_space"]), config)
+        agent.load_state_dict(state["networks"])
+        agent.env_state = state["env_state"]
+        return agent
+
+
+def make_env(config: StreamACConfig, env_id: str | None = None) -> gym.Env:
+    """`config.env_id` (or `env_id`) behind the streaming wrappers `config` asks for."""
+    return make_stream_env(env_id or config.env_id, config.gamma, config.normalize_obs, config.scale_rewards,
+                           config.time_feature)
+
+
+def evaluate(agent: StreamAC, env_id: str, episodes: int = 10, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """Undiscounted returns and costs of `episodes` episodes of the deterministic policy (the Gaussian's
+    mean, or the argmax), on an env with the agent's normaliser statistics, frozen; episode i is seeded
+    seed + i."""
+    env = make_env(agent.config, env_id)
+    load_stream_env_state(env, agent.env_state)
+    return stream_returns_and_costs(env, lambda obs: agent.act(obs, deterministic=True), episodes, seed)
 
 
 def train(config: StreamACConfig) -> TrainResult:
-    """Train stream AC(λ) until `config.total_timesteps` environment steps (see agents/streaming.py)."""
-    return train_streaming(StreamAC, config, validate)
+    """Act, step, update on that one transition, until `config.total_timesteps` environment steps.
+
+    A resumed run starts a fresh episode (the env is reseeded from the step it resumes at): the
+    traces, the reward scaler's return trace and the time feature start from zero, as after any
+    episode end. The normalisers' statistics and adaptive ObGD's second moments carry on.
+    """
+    run = Run(config, ALGO, validate, total="total_timesteps", checkpoint_keys=("global_step", "agent", "env", "rng"))
+    config = run.config
+    with make_env(config) as env:
+        check_action_space(env.unwrapped.action_space, config.env_id)
+        agent = StreamAC(env.observation_space.shape[0], env.unwrapped.action_space, config)
+        if run.resumed:
+            with run.restoring():
+                agent.load_training_state(run.checkpoint["agent"])
+                load_stream_env_state(env, run.checkpoint["env"])
+                restore_rng_state(run.checkpoint["rng"], agent.rng)
+        run.open(config.env_id)  # a new run gets its directory once the env and agent are known to work
+
+        def evaluate_now() -> tuple[np.ndarray, np.ndarray]:
+            agent.env_state = stream_env_state(env)
+            returns, costs = evaluate(agent, config.env_id, config.eval_episodes, config.seed + 10_000)
+            run.evaluation(returns, costs)
+            return returns, costs
+
+        def checkpoint() -> None:
+            run.save_checkpoint(agent=agent.training_state(), env=stream_env_state(env), rng=rng_state(agent.rng))
+
+        with run:
+            obs, _ = env.reset(seed=config.seed + run.step)
+            agent.start_episode()  # a checkpoint's mid-episode traces do not belong to this new episode
+            episode_cost = 0.0
+            while not run.done:
+                action = agent.act(obs)
+                with run.stepping_env():  # a NaN or inf from the env stops the run here
+                    next_obs, reward, terminated, truncated, info = env.step(action)
+                episode_end = terminated or truncated
+                losses = agent.update(Transition(obs, action, float(reward), next_obs, terminated, episode_end))
+                run.advance(1)
+                run.log(losses)
+                obs = next_obs
+                episode_cost += info.get("cost", 0.0)
+                if episode_end:
+                    run.episode(info["episode"]["r"], int(info["episode"]["l"]), episode_cost)
+                    obs, _ = env.reset()
+                    episode_cost = 0.0
+                run.periodic(evaluate_now, checkpoint)
+            returns, costs = run.finish(evaluate_now, checkpoint, agent.save)
+    sps = run.loop_speed()
+    run.report(returns, f"steps/s: {sps:.1f}")
+    return TrainResult(run_dir=run.dir, global_step=run.step, final_eval_returns=returns, sps=sps, update_sps=sps,
+                       final_eval_costs=costs)
 
 
 if __name__ == "__main__":

@@ -9,104 +9,254 @@ The algorithm, top to bottom, on each transition (s, a, r, s') of an ε-greedy b
   since the returns that follow it no longer follow the greedy policy; then e ← γλe + ∇Q(s, a)
   and ObGD (κ 2) steps along δ; the trace is also reset when the episode ends;
 - ε decays linearly from `start_e` to `end_e` over `exploration_fraction` of the run.
-Observations are normalised, rewards scaled and a time feature appended by the env wrappers.
-The training loop is in agents/streaming.py.
+No replay buffer and no batch: each env step is one update. Observations are normalised, rewards
+scaled and a time feature appended by the env wrappers (envs/streaming_wrappers.py); their
+statistics are saved with checkpoints and with the model. Runs on the CPU: a one-sample update is a
+few dozen small kernel launches.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import os
+from pathlib import Path
 
 import gymnasium as gym
 import numpy as np
 import torch
+from torch import nn
 
-from keelrl.agents.common import TrainResult, run_cli
-from keelrl.agents.streaming import (
-    StreamAgent,
-    StreamConfig,
+from keelrl.agents.common import TrainResult, load_checkpoint, restore_rng_state, rng_state, run_cli, save_checkpoint
+from keelrl.agents.harness import Run, RunOptions, validate_run_options
+from keelrl.envs.streaming_wrappers import (
     Transition,
-    as_tensor,
-    evaluate,
-    train_streaming,
-    validate_stream,
+    load_stream_env_state,
+    make_stream_env,
+    stream_env_state,
+    stream_returns_and_costs,
 )
 from keelrl.networks.streaming import ObGD, StreamMLP
 
 __all__ = ["StreamQ", "StreamQConfig", "train", "evaluate"]
 
+ALGO = "stream_q"
+
 
 @dataclasses.dataclass
-class StreamQConfig(StreamConfig):
+class StreamQConfig(RunOptions):
     env_id: str = "CartPole-v1"
     """gymnasium environment id with a Discrete action space (one env, flat observations)"""
     total_timesteps: int = 500_000
     """environment steps (= updates) to train for"""
+    gamma: float = 0.99
+    """discount factor"""
+    lam: float = 0.8
+    """trace decay λ: eligibility traces decay by γλ per step"""
+    lr: float = 1.0
+    """ObGD learning rate (the step size before the overshooting bound)"""
+    kappa_value: float = 2.0
+    """ObGD bound κ of the action-value network"""
     hidden_sizes: tuple[int, ...] = (32, 32)
     """hidden layer widths (Linear → LayerNorm without affine → leaky ReLU each)"""
+    sparsity: float = 0.9
+    """fraction of each weight row's inputs zeroed at initialisation"""
+    adaptive: bool = False
+    """adaptive ObGD: trace coordinates divided by the root of a running mean of (δe)²"""
+    beta2: float = 0.999
+    """decay of adaptive ObGD's running mean of (δe)²"""
     start_e: float = 1.0
     """ε of the ε-greedy behaviour at the start"""
     end_e: float = 0.01
     """ε at the end of the decay, kept afterwards"""
     exploration_fraction: float = 0.2
     """fraction of total_timesteps over which ε decays linearly"""
+    normalize_obs: bool = True
+    """standardise observations by running Welford mean and variance"""
+    scale_rewards: bool = True
+    """divide rewards by the running std of a discounted-return trace"""
+    time_feature: bool = True
+    """append the fraction of the time limit still ahead to the observation"""
+    eval_freq: int = 20_000
+    """environment steps between evaluations (0: only at the end)"""
+    checkpoint_freq: int = 100_000
+    """environment steps between checkpoints (the last one is always written)"""
 
 
 def validate(config: StreamQConfig) -> None:
-    validate_stream(config)
+    """Reject option values no run can use, with the option's command-line name."""
+    validate_run_options(config, "total_timesteps")
+    for name in ("gamma", "lam", "beta2"):
+        if not 0.0 <= getattr(config, name) <= 1.0:
+            raise ValueError(f"--{name} must lie in [0, 1], got {getattr(config, name)}.")
+    if config.lr <= 0 or config.kappa_value <= 0:
+        raise ValueError(f"--lr and --kappa-value must be positive, got {config.lr} and {config.kappa_value}.")
+    if not 0.0 <= config.sparsity < 1.0:
+        raise ValueError(f"--sparsity must lie in [0, 1), got {config.sparsity}.")
+    if not config.hidden_sizes or min(config.hidden_sizes) < 1:
+        raise ValueError(f"--hidden-sizes needs positive widths, got {config.hidden_sizes}.")
     if not (0.0 <= config.end_e <= config.start_e <= 1.0 and 0.0 < config.exploration_fraction <= 1.0):
         raise ValueError(f"Need 0 <= --end-e <= --start-e <= 1 and --exploration-fraction in (0, 1], got "
                          f"{config.end_e}, {config.start_e} and {config.exploration_fraction}.")
 
 
-class StreamQ(StreamAgent):
-    """An action-value network Q(s, ·), a 2-layer LayerNorm MLP stepped by ObGD with Watkins's traces."""
+def check_action_space(action_space: gym.Space, env_id: str) -> None:
+    if not isinstance(action_space, gym.spaces.Discrete):
+        raise ValueError(f"Stream Q needs a Discrete action space; {env_id!r} has {action_space}. "
+                         f"For continuous actions use stream AC: python -m keelrl.agents.stream_ac.")
 
-    algo = "stream_q"
-    config_cls = StreamQConfig
+
+def as_tensor(obs: np.ndarray) -> torch.Tensor:
+    return torch.as_tensor(obs, dtype=torch.float32)
+
+
+class StreamQ(nn.Module):
+    """An action-value network Q(s, ·), a LayerNorm MLP stepped by ObGD with Watkins's traces, and
+    the ε-greedy behaviour it learns from."""
 
     def __init__(self, obs_dim: int, action_space: gym.Space, config: StreamQConfig):
-        super().__init__(obs_dim, action_space, config)
+        super().__init__()
+        self.config = config
+        self.obs_dim = obs_dim
+        self.action_space = action_space
         self.num_actions = int(action_space.n)
+        self.env_state: dict[str, dict[str, torch.Tensor]] = {}
+        """normaliser statistics of the env the agent learnt on (evaluation loads them, frozen)"""
+        self.rng = np.random.default_rng(config.seed)
+        """exploration's generator"""
+        self.num_updates = 0
+        self.decay_steps = max(1, int(config.exploration_fraction * config.total_timesteps))
         self.q_network = StreamMLP(obs_dim, config.hidden_sizes, self.num_actions, config.sparsity)
         self.optimizers = {"q_network": ObGD(self.q_network.parameters(), config.lr, config.gamma, config.lam,
                                              config.kappa_value, config.adaptive, config.beta2)}
-        self._decay_steps = max(1, int(config.exploration_fraction * config.total_timesteps))
-
-    @classmethod
-    def check_action_space(cls, action_space: gym.Space, env_id: str) -> None:
-        if not isinstance(action_space, gym.spaces.Discrete):
-            raise ValueError(f"Stream Q needs a Discrete action space; {env_id!r} has {action_space}. "
-                             f"For continuous actions use stream AC: python -m keelrl.agents.stream_ac.")
 
     @property
     def epsilon(self) -> float:
-        progress = min(1.0, self.num_updates / self._decay_steps)
+        progress = min(1.0, self.num_updates / self.decay_steps)
         return self.config.start_e + (self.config.end_e - self.config.start_e) * progress
 
     def act(self, obs: np.ndarray, deterministic: bool = False) -> int:
-        """ε-greedy (greedy when `deterministic`)."""
+        """ε-greedy (greedy when `deterministic`) for one normalised observation (obs_dim,)."""
         if not deterministic and self.rng.random() < self.epsilon:
             return int(self.rng.integers(self.num_actions))
         with torch.no_grad():
             return int(self.q_network(as_tensor(obs)).argmax())
 
     def update(self, transition: Transition) -> dict[str, float]:
+        """One Q(λ) step on one transition; returns the scalars to log."""
+        optimizer = self.optimizers["q_network"]
         # Q(s, ·) and Q(s', ·) in one forward pass; only Q(s, a) is differentiated
         q_values = self.q_network(torch.stack((as_tensor(transition.obs), as_tensor(transition.next_obs))))  # (2, A)
         q_numpy = q_values.detach().numpy()
         if transition.action != q_numpy[0].argmax():
-            self.optimizers["q_network"].reset_trace()  # Watkins: an exploratory action cuts the trace
+            optimizer.reset_trace()  # Watkins: an exploratory action cuts the trace
         bootstrap = 0.0 if transition.terminated else self.config.gamma * q_numpy[1].max()
         delta = float(transition.reward + bootstrap - q_numpy[0, transition.action])
         q_values[0, transition.action].backward()
-        return {"losses/td_error": delta, "charts/epsilon": self.epsilon,
-                **self.step_optimizers(delta, transition.episode_end)}
+        # e ← γλe + ∇Q(s, a); θ ← θ + ηδe with the overshooting bound on η; e ← 0 at an episode end
+        step_size = optimizer.step(delta, reset=transition.episode_end)
+        optimizer.zero_grad()
+        logged = {"losses/td_error": delta, "charts/epsilon": self.epsilon, "losses/q_network_step_size": step_size}
+        self.num_updates += 1
+        return logged
+
+    def start_episode(self) -> None:
+        """Forget the trace of the episode before (done by the episode's last update; the training loop
+        calls this when a resumed run restarts its env mid-episode)."""
+        self.optimizers["q_network"].reset_trace()
+
+    def training_state(self) -> dict:
+        return {"networks": self.state_dict(),
+                "optimizers": {name: optimizer.state_dict() for name, optimizer in self.optimizers.items()},
+                "num_updates": self.num_updates}
+
+    def load_training_state(self, state: dict) -> None:
+        self.load_state_dict(state["networks"])
+        for name, optimizer in self.optimizers.items():
+            optimizer.load_state_dict(state["optimizers"][name])
+        self.num_updates = state["num_updates"]
+
+    def save(self, path: str | os.PathLike) -> None:
+        """Network, config, action space and env statistics: tensors and plain values only."""
+        save_checkpoint(Path(path), {"algo": ALGO, "config": dataclasses.asdict(self.config), "obs_dim": self.obs_dim,
+                                     "action_space": {"n": self.num_actions}, "networks": self.state_dict(),
+                                     "env_state": self.env_state})
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> StreamQ:
+        state = load_checkpoint(path, ALGO)
+        config = StreamQConfig(**{**state["config"], "hidden_sizes": tuple(state["config"]["hidden_sizes"])})
+        agent = cls(state["obs_dim"], gym.spaces.Discrete(state["action_space"]["n"]), config)
+        agent.load_state_dict(state["networks"])
+        agent.env_state = state["env_state"]
+        return agent
+
+
+def make_env(config: StreamQConfig, env_id: str | None = None) -> gym.Env:
+    """`config.env_id` (or `env_id`) behind the streaming wrappers `config` asks for."""
+    return make_stream_env(env_id or config.env_id, config.gamma, config.normalize_obs, config.scale_rewards,
+                           config.time_feature)
+
+
+def evaluate(agent: StreamQ, env_id: str, episodes: int = 10, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """Undiscounted returns and costs of `episodes` episodes of the greedy policy, on an env with the
+    agent's normaliser statistics, frozen; episode i is seeded seed + i."""
+    env = make_env(agent.config, env_id)
+    load_stream_env_state(env, agent.env_state)
+    return stream_returns_and_costs(env, lambda obs: agent.act(obs, deterministic=True), episodes, seed)
 
 
 def train(config: StreamQConfig) -> TrainResult:
-    """Train stream Q(λ) until `config.total_timesteps` environment steps (see agents/streaming.py)."""
-    return train_streaming(StreamQ, config, validate)
+    """Act, step, update on that one transition, until `config.total_timesteps` environment steps.
+
+    A resumed run starts a fresh episode (the env is reseeded from the step it resumes at): the
+    trace, the reward scaler's return trace and the time feature start from zero, as after any
+    episode end. The normalisers' statistics, adaptive ObGD's second moments and ε carry on.
+    """
+    run = Run(config, ALGO, validate, total="total_timesteps", checkpoint_keys=("global_step", "agent", "env", "rng"))
+    config = run.config
+    with make_env(config) as env:
+        check_action_space(env.unwrapped.action_space, config.env_id)
+        agent = StreamQ(env.observation_space.shape[0], env.unwrapped.action_space, config)
+        if run.resumed:
+            with run.restoring():
+                agent.load_training_state(run.checkpoint["agent"])
+                load_stream_env_state(env, run.checkpoint["env"])
+                restore_rng_state(run.checkpoint["rng"], agent.rng)
+        run.open(config.env_id)  # a new run gets its directory once the env and agent are known to work
+
+        def evaluate_now() -> tuple[np.ndarray, np.ndarray]:
+            agent.env_state = stream_env_state(env)
+            returns, costs = evaluate(agent, config.env_id, config.eval_episodes, config.seed + 10_000)
+            run.evaluation(returns, costs)
+            return returns, costs
+
+        def checkpoint() -> None:
+            run.save_checkpoint(agent=agent.training_state(), env=stream_env_state(env), rng=rng_state(agent.rng))
+
+        with run:
+            obs, _ = env.reset(seed=config.seed + run.step)
+            agent.start_episode()  # a checkpoint's mid-episode trace does not belong to this new episode
+            episode_cost = 0.0
+            while not run.done:
+                action = agent.act(obs)
+                with run.stepping_env():  # a NaN or inf from the env stops the run here
+                    next_obs, reward, terminated, truncated, info = env.step(action)
+                episode_end = terminated or truncated
+                losses = agent.update(Transition(obs, action, float(reward), next_obs, terminated, episode_end))
+                run.advance(1)
+                run.log(losses)
+                obs = next_obs
+                episode_cost += info.get("cost", 0.0)
+                if episode_end:
+                    run.episode(info["episode"]["r"], int(info["episode"]["l"]), episode_cost)
+                    obs, _ = env.reset()
+                    episode_cost = 0.0
+                run.periodic(evaluate_now, checkpoint)
+            returns, costs = run.finish(evaluate_now, checkpoint, agent.save)
+    sps = run.loop_speed()
+    run.report(returns, f"steps/s: {sps:.1f}")
+    return TrainResult(run_dir=run.dir, global_step=run.step, final_eval_returns=returns, sps=sps, update_sps=sps,
+                       final_eval_costs=costs)
 
 
 if __name__ == "__main__":

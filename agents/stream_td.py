@@ -11,55 +11,104 @@ The algorithm, top to bottom, on each transition (s, a, r, s') of the given poli
 The prediction error of an episode is the RMSE between the predictions V(s_t) made on the way
 (before each update) and the discounted returns G_t of the (scaled) rewards that followed them.
 The policy is uniform random, or the deterministic policy of a stream AC / stream Q model,
-whose observation statistics the run then uses, frozen.
-The training loop is in agents/streaming.py.
+whose observation statistics the run then uses, frozen. Rewards are scaled and a time feature
+appended by the env wrappers (envs/streaming_wrappers.py), as for the control agents.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import os
 from pathlib import Path
 
 import gymnasium as gym
 import numpy as np
 import torch
+from torch import nn
 
-from keelrl.agents.common import TrainResult, run_cli
+from keelrl.agents.common import TrainResult, load_checkpoint, restore_rng_state, rng_state, run_cli, save_checkpoint
+from keelrl.agents.harness import Run, RunOptions, validate_run_options
 from keelrl.agents.stream_ac import StreamAC
 from keelrl.agents.stream_q import StreamQ
-from keelrl.agents.streaming import (
-    StreamAgent,
-    StreamConfig,
+from keelrl.envs.streaming_wrappers import (
     Transition,
-    as_tensor,
-    evaluate,
-    run_episodes,
-    train_streaming,
-    validate_stream,
+    load_stream_env_state,
+    make_stream_env,
+    space_from_dict,
+    space_to_dict,
+    stream_env_state,
+    stream_episodes,
+    stream_returns_and_costs,
+    stream_wrapper,
 )
-from keelrl.envs.streaming_wrappers import stream_wrapper
 from keelrl.networks.streaming import ObGD, StreamMLP
 
 __all__ = ["StreamTD", "StreamTDConfig", "train", "evaluate", "value_error", "monte_carlo_errors"]
 
-POLICY_AGENTS = {agent_cls.algo: agent_cls for agent_cls in (StreamAC, StreamQ)}
+ALGO = "stream_td"
+POLICY_AGENTS = {"stream_ac": StreamAC, "stream_q": StreamQ}
+"""The agents whose saved model can be the evaluated policy, by the algo name model.pt records."""
 UNSEEN_TAIL_WEIGHT = 0.01
 """After a time-limit truncation, steps whose unseen return is discounted by more than this are left out."""
 
 
 @dataclasses.dataclass
-class StreamTDConfig(StreamConfig):
+class StreamTDConfig(RunOptions):
     env_id: str = "CartPole-v1"
     """gymnasium environment id (one env, flat observations)"""
     total_timesteps: int = 100_000
     """environment steps (= updates) to train for"""
-    hidden_sizes: tuple[int, ...] = (32, 32)
-    """hidden layer widths (Linear → LayerNorm without affine → leaky ReLU each)"""
     policy: str = "random"
     """the policy to evaluate: "random" (uniform actions) or the model.pt of a stream_ac or stream_q run"""
+    gamma: float = 0.99
+    """discount factor"""
+    lam: float = 0.8
+    """trace decay λ: eligibility traces decay by γλ per step"""
+    lr: float = 1.0
+    """ObGD learning rate (the step size before the overshooting bound)"""
+    kappa_value: float = 2.0
+    """ObGD bound κ of the value network"""
+    hidden_sizes: tuple[int, ...] = (32, 32)
+    """hidden layer widths (Linear → LayerNorm without affine → leaky ReLU each)"""
+    sparsity: float = 0.9
+    """fraction of each weight row's inputs zeroed at initialisation"""
+    adaptive: bool = False
+    """adaptive ObGD: trace coordinates divided by the root of a running mean of (δe)²"""
+    beta2: float = 0.999
+    """decay of adaptive ObGD's running mean of (δe)²"""
+    normalize_obs: bool = True
+    """standardise observations by running Welford mean and variance (a loaded policy's own, frozen)"""
+    scale_rewards: bool = True
+    """divide rewards by the running std of a discounted-return trace"""
+    time_feature: bool = True
+    """append the fraction of the time limit still ahead to the observation"""
+    eval_freq: int = 20_000
+    """environment steps between evaluations (0: only at the end)"""
+    checkpoint_freq: int = 100_000
+    """environment steps between checkpoints (the last one is always written)"""
 
 
-def load_policy(path: str) -> StreamAgent:
+def validate(config: StreamTDConfig) -> None:
+    """Reject option values no run can use, with the option's command-line name."""
+    validate_run_options(config, "total_timesteps")
+    for name in ("gamma", "lam", "beta2"):
+        if not 0.0 <= getattr(config, name) <= 1.0:
+            raise ValueError(f"--{name} must lie in [0, 1], got {getattr(config, name)}.")
+    if config.lr <= 0 or config.kappa_value <= 0:
+        raise ValueError(f"--lr and --kappa-value must be positive, got {config.lr} and {config.kappa_value}.")
+    if not 0.0 <= config.sparsity < 1.0:
+        raise ValueError(f"--sparsity must lie in [0, 1), got {config.sparsity}.")
+    if not config.hidden_sizes or min(config.hidden_sizes) < 1:
+        raise ValueError(f"--hidden-sizes needs positive widths, got {config.hidden_sizes}.")
+
+
+def check_action_space(action_space: gym.Space, env_id: str) -> None:
+    if not isinstance(action_space, (gym.spaces.Box, gym.spaces.Discrete)):
+        raise ValueError(f"Stream TD's random policy needs a Box or Discrete action space; {env_id!r} has "
+                         f"{action_space}.")
+
+
+def load_policy(path: str) -> StreamAC | StreamQ:
     """The stream AC or stream Q agent saved at `path`."""
     if not Path(path).is_file():
         raise FileNotFoundError(f"--policy {path}: no such file; give 'random' or the model.pt of a stream_ac "
@@ -95,43 +144,31 @@ def rmse(errors: np.ndarray) -> float:
     return float(np.sqrt(np.mean(errors**2))) if len(errors) else float("nan")
 
 
-class StreamTD(StreamAgent):
-    """A value network V(s), a 2-layer LayerNorm MLP stepped by ObGD, and the policy it evaluates."""
+def as_tensor(obs: np.ndarray) -> torch.Tensor:
+    return torch.as_tensor(obs, dtype=torch.float32)
 
-    algo = "stream_td"
-    config_cls = StreamTDConfig
+
+class StreamTD(nn.Module):
+    """A value network V(s), a LayerNorm MLP stepped by ObGD, and the policy it evaluates."""
 
     def __init__(self, obs_dim: int, action_space: gym.Space, config: StreamTDConfig):
-        super().__init__(obs_dim, action_space, config)
+        super().__init__()
+        self.config = config
+        self.obs_dim = obs_dim
+        self.action_space = action_space
+        self.env_state: dict[str, dict[str, torch.Tensor]] = {}
+        """normaliser statistics of the env the agent learnt on (evaluation loads them, frozen)"""
+        self.rng = np.random.default_rng(config.seed)
+        """the random policy's generator"""
+        self.num_updates = 0
         self.critic = StreamMLP(obs_dim, config.hidden_sizes, 1, config.sparsity)
         self.optimizers = {"critic": ObGD(self.critic.parameters(), config.lr, config.gamma, config.lam,
                                           config.kappa_value, config.adaptive, config.beta2)}
         self.policy = None if config.policy == "random" else load_policy(config.policy)
-        self._episode_values: list[float] = []
-        self._episode_rewards: list[float] = []
+        self.episode_values: list[float] = []
+        """this episode's predictions V(s_t), scored against its returns when it ends"""
+        self.episode_rewards: list[float] = []
         self.last_episode_rmse = float("nan")
-
-    @classmethod
-    def check_action_space(cls, action_space: gym.Space, env_id: str) -> None:
-        if not isinstance(action_space, (gym.spaces.Box, gym.spaces.Discrete)):
-            raise ValueError(f"Stream TD's random policy needs a Box or Discrete action space; {env_id!r} has "
-                             f"{action_space}.")
-
-    def prepare_env(self, env: gym.Env) -> None:
-        """A loaded policy sees observations as it was trained on them: its statistics, frozen."""
-        if self.policy is None:
-            return
-        policy_config = self.policy.config
-        same_inputs = [(name, getattr(policy_config, name), getattr(self.config, name))
-                       for name in ("env_id", "normalize_obs", "time_feature")]
-        for name, policy_value, own_value in same_inputs:
-            if policy_value != own_value:
-                raise ValueError(f"--policy {self.config.policy} was trained with --{name.replace('_', '-')} "
-                                 f"{policy_value}, this run has {own_value}: use the same value.")
-        normalizer = stream_wrapper(env, "obs_normalizer")
-        if normalizer is not None:
-            normalizer.load_state_dict(self.policy.env_state["obs_normalizer"])
-            normalizer.training = False
 
     def act(self, obs: np.ndarray, deterministic: bool = False) -> np.ndarray | int:
         """The evaluated policy's action (`deterministic` is ignored: the policy is what it is)."""
@@ -141,17 +178,14 @@ class StreamTD(StreamAgent):
             return int(self.rng.integers(self.action_space.n))
         return self.rng.uniform(self.action_space.low, self.action_space.high).astype(np.float32)
 
-    def start_episode(self) -> None:
-        """Reset the traces, and drop the predictions and rewards kept for an unfinished episode's RMSE."""
-        super().start_episode()
-        self._episode_values, self._episode_rewards = [], []
-
     @torch.no_grad()
     def predict(self, obs: np.ndarray) -> float:
         """V(s) for one normalised observation."""
         return float(self.critic(as_tensor(obs)))
 
     def update(self, transition: Transition) -> dict[str, float]:
+        """One TD(λ) step on one transition; returns the scalars to log."""
+        optimizer = self.optimizers["critic"]
         # V(s) and V(s') in one forward pass; only V(s) is differentiated
         values = self.critic(torch.stack((as_tensor(transition.obs), as_tensor(transition.next_obs))))  # (2, 1)
         value, next_value = values.detach().numpy()[:, 0]
@@ -159,32 +193,94 @@ class StreamTD(StreamAgent):
         delta = float(transition.reward + bootstrap - value)
         values[0, 0].backward()
         self._record(float(value), transition)
+        # e ← γλe + ∇V(s); θ ← θ + ηδe with the overshooting bound on η; e ← 0 at an episode end
+        step_size = optimizer.step(delta, reset=transition.episode_end)
+        optimizer.zero_grad()
+        self.num_updates += 1
         return {"losses/td_error": delta, "charts/value_rmse": self.last_episode_rmse,
-                **self.step_optimizers(delta, transition.episode_end)}
+                "losses/critic_step_size": step_size}
 
     def _record(self, value: float, transition: Transition) -> None:
         """Keep the episode's predictions and rewards; score them when it ends."""
-        self._episode_values.append(value)
-        self._episode_rewards.append(transition.reward)
+        self.episode_values.append(value)
+        self.episode_rewards.append(transition.reward)
         if transition.episode_end:
-            errors = monte_carlo_errors(self._episode_values, self._episode_rewards, self.config.gamma,
+            errors = monte_carlo_errors(self.episode_values, self.episode_rewards, self.config.gamma,
                                         transition.terminated)
             if len(errors):
                 self.last_episode_rmse = rmse(errors)
-            self._episode_values, self._episode_rewards = [], []
+            self.episode_values, self.episode_rewards = [], []
 
-    def evaluation(self, env_id: str, episodes: int, seed: int) -> tuple[np.ndarray, np.ndarray, dict[str, float]]:
-        """The policy's returns and costs, and the value error over the same episodes."""
-        returns, costs, rmse = value_error(self, env_id, episodes, seed)
-        return returns, costs, {"eval/value_rmse": rmse}
+    def start_episode(self) -> None:
+        """Forget the trace, predictions and rewards of the episode before (the episode's last update does;
+        the training loop calls this when a resumed run restarts its env mid-episode)."""
+        self.optimizers["critic"].reset_trace()
+        self.episode_values, self.episode_rewards = [], []
+
+    def training_state(self) -> dict:
+        return {"networks": self.state_dict(),
+                "optimizers": {name: optimizer.state_dict() for name, optimizer in self.optimizers.items()},
+                "num_updates": self.num_updates}
+
+    def load_training_state(self, state: dict) -> None:
+        self.load_state_dict(state["networks"])
+        for name, optimizer in self.optimizers.items():
+            optimizer.load_state_dict(state["optimizers"][name])
+        self.num_updates = state["num_updates"]
+
+    def save(self, path: str | os.PathLike) -> None:
+        """Value network (and a loaded policy's networks), config, action space and env statistics."""
+        save_checkpoint(Path(path), {"algo": ALGO, "config": dataclasses.asdict(self.config), "obs_dim": self.obs_dim,
+                                     "action_space": space_to_dict(self.action_space), "networks": self.state_dict(),
+                                     "env_state": self.env_state})
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> StreamTD:
+        state = load_checkpoint(path, ALGO)
+        config = StreamTDConfig(**{**state["config"], "hidden_sizes": tuple(state["config"]["hidden_sizes"])})
+        agent = cls(state["obs_dim"], space_from_dict(state["action_space"]), config)
+        agent.load_state_dict(state["networks"])
+        agent.env_state = state["env_state"]
+        return agent
+
+
+def use_policy_statistics(env: gym.Env, agent: StreamTD) -> None:
+    """A loaded policy sees observations as it was trained on them: its normaliser statistics, frozen."""
+    config, policy_config = agent.config, agent.policy.config
+    for name in ("env_id", "normalize_obs", "time_feature"):
+        policy_value, own_value = getattr(policy_config, name), getattr(config, name)
+        if policy_value != own_value:
+            raise ValueError(f"--policy {config.policy} was trained with --{name.replace('_', '-')} {policy_value}, "
+                             f"this run has {own_value}: use the same value.")
+    normalizer = stream_wrapper(env, "obs_normalizer")
+    if normalizer is not None:
+        normalizer.load_state_dict(agent.policy.env_state["obs_normalizer"])
+        normalizer.training = False
+
+
+def make_env(config: StreamTDConfig, env_id: str | None = None) -> gym.Env:
+    """`config.env_id` (or `env_id`) behind the streaming wrappers `config` asks for."""
+    return make_stream_env(env_id or config.env_id, config.gamma, config.normalize_obs, config.scale_rewards,
+                           config.time_feature)
+
+
+def evaluate(agent: StreamTD, env_id: str, episodes: int = 10, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """Undiscounted returns and costs of `episodes` episodes of the evaluated policy, on an env with the
+    agent's normaliser statistics, frozen; episode i is seeded seed + i."""
+    env = make_env(agent.config, env_id)
+    load_stream_env_state(env, agent.env_state)
+    return stream_returns_and_costs(env, lambda obs: agent.act(obs, deterministic=True), episodes, seed)
 
 
 def value_error(agent: StreamTD, env_id: str, episodes: int = 10, seed: int = 0) -> tuple[np.ndarray, np.ndarray, float]:
-    """Returns and costs of `episodes` episodes of the policy, and the RMSE of the (frozen) value
-    network against their discounted returns, over the steps of every episode."""
+    """Returns and costs of `episodes` episodes of the policy (as `evaluate`), and the RMSE of the
+    (frozen) value network against their discounted returns, over the steps of every episode."""
+    env = make_env(agent.config, env_id)
+    load_stream_env_state(env, agent.env_state)
     returns, costs, errors = [], [], []
     values, rewards, cost = [], [], 0.0
-    for obs, reward, terminated, truncated, info in run_episodes(agent, env_id, episodes, seed):
+    steps = stream_episodes(env, lambda obs: agent.act(obs, deterministic=True), episodes, seed)
+    for obs, reward, terminated, truncated, info in steps:
         values.append(agent.predict(obs))
         rewards.append(reward)
         cost += info.get("cost", 0.0)
@@ -197,8 +293,61 @@ def value_error(agent: StreamTD, env_id: str, episodes: int = 10, seed: int = 0)
 
 
 def train(config: StreamTDConfig) -> TrainResult:
-    """Train stream TD(λ) until `config.total_timesteps` environment steps (see agents/streaming.py)."""
-    return train_streaming(StreamTD, config, validate_stream)
+    """Act with the policy, step, update V on that one transition, until `config.total_timesteps`
+    environment steps.
+
+    A resumed run starts a fresh episode (the env is reseeded from the step it resumes at): the
+    trace, the episode's predictions, the reward scaler's return trace and the time feature start
+    from zero, as after any episode end. The normalisers' statistics and adaptive ObGD's second
+    moments carry on.
+    """
+    run = Run(config, ALGO, validate, total="total_timesteps", checkpoint_keys=("global_step", "agent", "env", "rng"))
+    config = run.config
+    with make_env(config) as env:
+        check_action_space(env.unwrapped.action_space, config.env_id)
+        agent = StreamTD(env.observation_space.shape[0], env.unwrapped.action_space, config)
+        if agent.policy is not None:
+            use_policy_statistics(env, agent)
+        if run.resumed:
+            with run.restoring():
+                agent.load_training_state(run.checkpoint["agent"])
+                load_stream_env_state(env, run.checkpoint["env"])
+                restore_rng_state(run.checkpoint["rng"], agent.rng)
+        run.open(config.env_id)  # a new run gets its directory once the env and agent are known to work
+
+        def evaluate_now() -> tuple[np.ndarray, np.ndarray, float]:
+            agent.env_state = stream_env_state(env)
+            returns, costs, value_rmse = value_error(agent, config.env_id, config.eval_episodes, config.seed + 10_000)
+            run.evaluation(returns, costs, {"eval/value_rmse": value_rmse})
+            return returns, costs, value_rmse
+
+        def checkpoint() -> None:
+            run.save_checkpoint(agent=agent.training_state(), env=stream_env_state(env), rng=rng_state(agent.rng))
+
+        with run:
+            obs, _ = env.reset(seed=config.seed + run.step)
+            agent.start_episode()  # a checkpoint's mid-episode trace does not belong to this new episode
+            episode_cost = 0.0
+            while not run.done:
+                action = agent.act(obs)
+                with run.stepping_env():  # a NaN or inf from the env stops the run here
+                    next_obs, reward, terminated, truncated, info = env.step(action)
+                episode_end = terminated or truncated
+                losses = agent.update(Transition(obs, action, float(reward), next_obs, terminated, episode_end))
+                run.advance(1)
+                run.log(losses)
+                obs = next_obs
+                episode_cost += info.get("cost", 0.0)
+                if episode_end:
+                    run.episode(info["episode"]["r"], int(info["episode"]["l"]), episode_cost)
+                    obs, _ = env.reset()
+                    episode_cost = 0.0
+                run.periodic(evaluate_now, checkpoint)
+            returns, costs, value_rmse = run.finish(evaluate_now, checkpoint, agent.save)
+    sps = run.loop_speed()
+    run.report(returns, f"final eval/value_rmse: {value_rmse:.4f}", f"steps/s: {sps:.1f}")
+    return TrainResult(run_dir=run.dir, global_step=run.step, final_eval_returns=returns, sps=sps, update_sps=sps,
+                       final_eval_costs=costs)
 
 
 if __name__ == "__main__":

@@ -20,7 +20,7 @@ import torch
 import tyro
 
 from keelrl.agents.stream_ac import StreamAC, StreamACConfig
-from keelrl.agents.streaming import Transition
+from keelrl.envs.streaming_wrappers import Transition
 
 
 @dataclasses.dataclass

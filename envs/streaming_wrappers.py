@@ -1,4 +1,5 @@
-"""Wrappers for one (non-vector) gymnasium env that streaming agents learn from, one step at a time.
+"""Wrappers for one (non-vector) gymnasium env that streaming agents learn from, one step at a time,
+and the pieces every streaming agent's loop and evaluation share.
 
 - `StreamObsNormalize`: observations standardised by running Welford mean and variance;
 - `StreamRewardScale`: rewards divided by the running std of a discounted-return trace
@@ -7,13 +8,16 @@
 
 `make_stream_env` stacks them; `stream_env_state` / `load_stream_env_state` carry their
 statistics (and the return trace) through a checkpoint, and `set_stream_env_training(env, False)`
-freezes them, e.g. for evaluation.
+freezes them, e.g. for evaluation (`stream_episodes`, `stream_returns_and_costs`).
+`RequireFinite` stops a run on a NaN or inf from the env; `Transition` is one step as an agent
+learns from it; `space_to_dict` / `space_from_dict` keep an action space in a weights-only checkpoint.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Any
+from collections.abc import Callable, Iterator
+from typing import Any, NamedTuple
 
 import gymnasium as gym
 import numpy as np
@@ -51,6 +55,22 @@ class Welford:
         self.count = int(state["count"])
         self.mean = state["mean"].numpy().astype(np.float64)
         self.m2 = state["m2"].numpy().astype(np.float64)
+
+
+class RequireFinite(gym.Wrapper):
+    """Raises FloatingPointError when a step returns a NaN or inf reward or observation, before the
+    normalisers' statistics take it in."""
+
+    def __init__(self, env: gym.Env, env_id: str):
+        super().__init__(env)
+        self.env_id = env_id
+
+    def step(self, action):
+        obs, reward, terminated, truncated, info = self.env.step(action)
+        if not (math.isfinite(reward) and np.isfinite(obs).all()):
+            raise FloatingPointError(f"Environment {self.env_id!r} returned a non-finite reward or observation "
+                                     f"(NaN or inf)")
+        return obs, reward, terminated, truncated, info
 
 
 class StreamObsNormalize(gym.ObservationWrapper):
@@ -149,9 +169,9 @@ def make_stream_env(
     time_feature: bool = True,
     env_kwargs: dict[str, Any] | None = None,
 ) -> gym.Env:
-    """One gymnasium env: episode statistics (raw rewards, `info["episode"]`) → actions clipped to
-    the bounds of a Box space (`env.unwrapped.action_space` keeps them) → obs normaliser → time
-    feature → reward scaler, each on when asked for."""
+    """One gymnasium env: a NaN/inf check → episode statistics (raw rewards, `info["episode"]`) →
+    actions clipped to the bounds of a Box space (`env.unwrapped.action_space` keeps them) → obs
+    normaliser → time feature → reward scaler, each of the last three on when asked for."""
     try:
         env = gym.make(env_id, **(env_kwargs or {}))
     except gym.error.Error as err:
@@ -161,7 +181,7 @@ def make_stream_env(
     if not (isinstance(space, gym.spaces.Box) and len(space.shape) == 1):
         env.close()
         raise ValueError(f"Streaming agents take flat (vector) Box observations; {env_id!r} has {space}.")
-    env = gym.wrappers.RecordEpisodeStatistics(env)
+    env = gym.wrappers.RecordEpisodeStatistics(RequireFinite(env, env_id))
     if isinstance(env.action_space, gym.spaces.Box):
         env = gym.wrappers.ClipAction(env)  # agents may act outside the bounds (a Gaussian policy does)
     if normalize_obs:
@@ -209,3 +229,58 @@ def set_stream_env_training(env: gym.Env, mode: bool) -> None:
     """Update the normalisers' statistics (True) or freeze them (False)."""
     for wrapper in _stateful_wrappers(env):
         wrapper.training = mode
+
+
+class Transition(NamedTuple):
+    """One step of experience, as the streaming env returned it (normalised observation, scaled reward)."""
+
+    obs: np.ndarray
+    action: np.ndarray | int
+    reward: float
+    next_obs: np.ndarray
+    """the observation the action led to (the true last one when the episode ended)"""
+    terminated: bool
+    """no bootstrapping from next_obs (a time-limit truncation is not a termination)"""
+    episode_end: bool
+    """terminated or truncated: traces are reset after this update"""
+
+
+def space_to_dict(space: gym.Space) -> dict[str, Any]:
+    """An action space as tensors and ints (for checkpoints loaded with weights_only)."""
+    if isinstance(space, gym.spaces.Discrete):
+        return {"n": int(space.n)}
+    return {"low": torch.as_tensor(space.low), "high": torch.as_tensor(space.high)}
+
+
+def space_from_dict(saved: dict[str, Any]) -> gym.Space:
+    if "n" in saved:
+        return gym.spaces.Discrete(saved["n"])
+    return gym.spaces.Box(saved["low"].numpy(), saved["high"].numpy())
+
+
+def stream_episodes(env: gym.Env, policy: Callable[[np.ndarray], Any], episodes: int, seed: int) -> Iterator[tuple]:
+    """Every step (obs, reward, terminated, truncated, info) of `episodes` episodes of `policy` (one
+    observation -> its action) on `env` with its statistics frozen; episode i is seeded seed + i.
+    `env` is closed at the end."""
+    set_stream_env_training(env, False)
+    with env:
+        for episode in range(episodes):
+            obs, _ = env.reset(seed=seed + episode)
+            terminated = truncated = False
+            while not (terminated or truncated):
+                next_obs, reward, terminated, truncated, info = env.step(policy(obs))
+                yield obs, reward, terminated, truncated, info
+                obs = next_obs
+
+
+def stream_returns_and_costs(env: gym.Env, policy: Callable[[np.ndarray], Any], episodes: int,
+                             seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Undiscounted returns (of the env's own rewards, before scaling) and costs of `stream_episodes`."""
+    returns, costs, cost = [], [], 0.0
+    for _, _, terminated, truncated, info in stream_episodes(env, policy, episodes, seed):
+        cost += info.get("cost", 0.0)
+        if terminated or truncated:
+            returns.append(float(info["episode"]["r"]))
+            costs.append(cost)
+            cost = 0.0
+    return np.array(returns), np.array(costs)

@@ -2,7 +2,8 @@
 
 from keelrl.networks.actors import DeterministicActor, TanhGaussianActor
 from keelrl.networks.critics import CriticEnsemble
-from keelrl.networks.heads import C51Head, CategoricalHead, HLGaussHead, ScalarHead, ValueHead
+from keelrl.networks.builders import NetworkOptions, build_actor, build_critic, build_head, validate_network_options
+from keelrl.networks.heads import C51Head, CategoricalHead, HLGaussHead, ScalarHead, ValueHead, td_target
 from keelrl.networks.mlp import EnsembleLinear, EnsembleMLP, mlp
 from keelrl.networks.normalization import RunningObsNorm
 from keelrl.networks.simba import SimbaActor, SimbaCritic, SimbaDeterministicActor, SimbaEncoder
@@ -14,10 +15,13 @@ from keelrl.networks.simbav2 import (
     SimbaV2Encoder,
 )
 from keelrl.networks.streaming import ObGD, StreamMLP, sparse_init_
+from keelrl.networks.training import check_device, compiled, frozen, make_optimizer, optimizer_step, scale_learning_rates, soft_update
 
 __all__ = ["mlp", "EnsembleLinear", "EnsembleMLP", "CriticEnsemble", "TanhGaussianActor", "DeterministicActor",
            "RunningObsNorm",
            "ValueHead", "ScalarHead", "CategoricalHead", "C51Head", "HLGaussHead",
            "SimbaEncoder", "SimbaCritic", "SimbaActor", "SimbaDeterministicActor",
            "SimbaV2Encoder", "SimbaV2Critic", "SimbaV2Actor", "SimbaV2DeterministicActor", "RewardScaler",
-           "ObGD", "StreamMLP", "sparse_init_"]
+           "ObGD", "StreamMLP", "sparse_init_", "td_target",
+           "NetworkOptions", "build_actor", "build_critic", "build_head", "validate_network_options",
+           "check_device", "compiled", "make_optimizer", "optimizer_step", "scale_learning_rates", "soft_update", "frozen"]

@@ -185,3 +185,22 @@ class HLGaussHead(CategoricalHead):
         cdf = torch.special.ndtr(centred / self.sigma)
         inside = cdf[..., -1:] - cdf[..., :1]  # mass within [v_min, v_max]
         return (cdf[..., 1:] - cdf[..., :-1]) / inside
+
+
+@torch.no_grad()
+def td_target(head: ValueHead, next_outputs: torch.Tensor, rewards: torch.Tensor, discounts: torch.Tensor,
+              terminated: torch.Tensor, next_bonus: torch.Tensor | float = 0.0) -> torch.Tensor:
+    """The critic's target for r + γ(1 − terminated)(Q'(s', a') + bonus), Q' the pessimistic target critic.
+
+    next_outputs (E, B, K): the target critics' outputs at (s', a'); rewards, discounts (γ^n of each
+    sample's n-step return), terminated: (B,); next_bonus: SAC's −α log π(a'|s') (0 for TD3).
+    Scalar and HL-Gauss critics get the scalar target (B,) with the smallest target Q-value; C51 critics
+    the projection (B, K) of the distribution of the member with the smallest mean.
+    """
+    not_done = 1.0 - terminated
+    if isinstance(head, C51Head):
+        next_probs = head.min_value_probs(next_outputs)
+        shifted_rewards = rewards + discounts * not_done * next_bonus
+        return head.project(next_probs, shifted_rewards, discounts, not_done)
+    next_q = head.value(next_outputs).min(dim=0).values  # (E, B) -> (B,)
+    return rewards + discounts * not_done * (next_q + next_bonus)

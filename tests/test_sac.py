@@ -81,10 +81,10 @@ def test_critic_loss_falls_on_a_fixed_batch(fixed_batch):
         q = agent.critic(batch.obs, batch.actions).squeeze(-1).double()
     expected_loss = ((q - y) ** 2).mean(dim=1).mean().item()
     torch.manual_seed(11)
-    first = agent._update_critic(batch)
+    first = agent.update_critic(batch)
     assert first["losses/qf_loss"].item() == pytest.approx(expected_loss, rel=1e-5)  # a network pass in float32
     assert first["losses/qf_values"].item() == pytest.approx(q.mean().item(), rel=1e-5, abs=1e-6)
-    losses = [first["losses/qf_loss"].item()] + [agent._update_critic(batch)["losses/qf_loss"].item()
+    losses = [first["losses/qf_loss"].item()] + [agent.update_critic(batch)["losses/qf_loss"].item()
                                                   for _ in range(299)]
     assert losses[-1] < 0.2 * losses[0]
 
@@ -93,7 +93,7 @@ def test_actor_loss_falls_and_alpha_tracks_entropy_on_a_fixed_batch(fixed_batch)
     agent = make_agent()
     batch = fixed_batch
     for _ in range(100):
-        agent._update_critic(batch)
+        agent.update_critic(batch)
     alpha_before = agent.alpha.item()
     assert alpha_before == 1.0 and agent.target_entropy == -2.0  # α starts at 1; target entropy −|A|
     # the first actor and α losses by hand: a ~ π(·|s) drawn with the same seed,
@@ -105,14 +105,14 @@ def test_actor_loss_falls_and_alpha_tracks_entropy_on_a_fixed_batch(fixed_batch)
     expected_actor = (1.0 * log_prob.double() - q_min.double()).mean().item()
     expected_alpha = -(1.0 * (log_prob.double() - 2.0)).mean().item()
     torch.manual_seed(12)
-    first = agent._update_actor_and_alpha(batch.obs)
+    first = agent.update_actor_and_alpha(batch.obs)
     assert first["losses/actor_loss"].item() == pytest.approx(expected_actor, rel=1e-5)
     assert first["losses/alpha_loss"].item() == pytest.approx(expected_alpha, rel=1e-5)
     assert first["losses/alpha"].item() == 1.0  # logged before the α step
     # d(α loss)/d log α = the α loss itself; Adam's first step moves log α by −lr · sign(gradient), lr 1e-3
     assert agent.log_alpha.item() == pytest.approx(-1e-3 * math.copysign(1.0, expected_alpha), abs=1e-8)
     losses = [first["losses/actor_loss"].item()]
-    losses += [agent._update_actor_and_alpha(batch.obs)["losses/actor_loss"].item() for _ in range(199)]
+    losses += [agent.update_actor_and_alpha(batch.obs)["losses/actor_loss"].item() for _ in range(199)]
     assert np.mean(losses[-10:]) < np.mean(losses[:10])
     # entropy of a fresh tanh-Gaussian exceeds the target -|A|, so alpha must shrink
     assert agent.alpha.item() < alpha_before

@@ -22,11 +22,11 @@ from keelrl.agents.stream_q import StreamQ, StreamQConfig
 from keelrl.agents.stream_q import train as train_q
 from keelrl.agents.stream_td import StreamTD, StreamTDConfig, monte_carlo_errors, value_error
 from keelrl.agents.stream_td import train as train_td
-from keelrl.agents.streaming import Transition
 from keelrl.envs.streaming_wrappers import (
     StreamObsNormalize,
     StreamRewardScale,
     TimeFeature,
+    Transition,
     Welford,
     load_stream_env_state,
     make_stream_env,
