@@ -4,38 +4,81 @@ Run:     python -m keelrl.agents.cql --dataset keelrl/hopper-medium-v0
 Import:  from keelrl.agents.cql import CQL, CQLConfig, train, evaluate
 
 The algorithm, top to bottom (SAC on a fixed dataset, with a conservative critic):
-- the tanh-Gaussian actor (CORL's parameterisation, `CQLActor`) takes a SAC step on α log π(a|s) − min Q(s, a), α tuned so the policy entropy tracks −|A|;
+- the tanh-Gaussian actor (CORL's parameterisation, `CQLActor`) takes a SAC step on α log π(a|s) − min Q(s, a),
+  α tuned so the policy entropy tracks −|A|;
 - the twin critics regress onto r + γ(1 − terminated) min Q_target(s', a'), a' ~ π(s'), and
   additionally push down a soft maximum of Q over actions the data does not contain while pushing up Q
   of the dataset action: α_cql (τ logsumexp(Q(s, a_i)/τ) − Q(s, a_data)), the a_i being
   `cql_n_actions` uniform actions, policy actions at s and policy actions at s', each (with
   importance sampling) corrected by its log-density;
-- target critics follow by Polyak averaging with rate τ.
+- target critics follow by Polyak averaging with rate τ;
+- the loop: load the dataset (corrupted if asked), fit the observation statistics to it, then update on
+  uniform batches, evaluating the deterministic policy in the dataset's environment (return and D4RL score).
 All three losses are computed from the networks (and α) as they are before the update, then α, the
 actor and the critics step, in CORL's order.
-The loop (dataset, corruption, evaluation, checkpoints) is in agents/offline_common.py.
+The dataset comes from keelrl.buffers (DatasetOptions, prepare_dataset, DatasetBuffer), the networks and
+optimiser steps from keelrl.networks, the run plumbing (logs, evaluation and checkpoint timing, resume) from
+agents/harness.py.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
+import os
+from pathlib import Path
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from keelrl.agents.common import TrainResult, run_cli
-from keelrl.agents.offline_common import OfflineAgent, OfflineConfig, evaluate, train_offline, validate_offline
+from keelrl.agents.common import (
+    TrainResult,
+    evaluate_policy,
+    load_checkpoint,
+    restore_rng_state,
+    rng_state,
+    run_cli,
+    save_checkpoint,
+)
+from keelrl.agents.harness import Run, RunOptions, agent_module, validate_run_options
 from keelrl.buffers import Batch
-from keelrl.networks import CriticEnsemble, mlp
+from keelrl.buffers.corruption import Policy, QFunction, attack_model_algo
+from keelrl.buffers.offline import (
+    DatasetBuffer,
+    DatasetOptions,
+    evaluation_spaces,
+    normalized_score,
+    prepare_dataset,
+    validate_dataset_options,
+)
+from keelrl.networks import (
+    CriticEnsemble,
+    RunningObsNorm,
+    check_device,
+    frozen,
+    make_optimizer,
+    mlp,
+    optimizer_step,
+    soft_update,
+)
 
+ALGO = "cql"
 __all__ = ["CQL", "CQLConfig", "train", "evaluate"]
 
 
 @dataclasses.dataclass
-class CQLConfig(OfflineConfig):
+class CQLConfig(RunOptions, DatasetOptions):
+    total_updates: int = 1_000_000
+    """gradient updates to train for"""
+    batch_size: int = 256
+    """transitions per gradient update"""
+    gamma: float = 0.99
+    """discount factor"""
+    tau: float = 0.005
+    """target network Polyak rate"""
     policy_lr: float = 3e-5
     """actor (and entropy coefficient) learning rate"""
     qf_lr: float = 3e-4
@@ -62,10 +105,23 @@ class CQLConfig(OfflineConfig):
     """critics in the ensemble; targets and the actor take their minimum"""
     orthogonal_init: bool = True
     """orthogonal initialisation of the critics (gain √2, last layer 0.01, zero biases)"""
+    normalize_obs: bool = True
+    """standardise observations by the dataset's mean and std (saved with the model)"""
+    eval_freq: int = 5_000
+    """updates between evaluations (0: only at the end)"""
+    device: str = "cpu"
+    """torch device for networks and dataset"""
 
 
 def validate(config: CQLConfig) -> None:
-    validate_offline(config)
+    """Reject option values no run can use, with the option's command-line name."""
+    validate_run_options(config, "total_updates")
+    validate_dataset_options(config)
+    check_device(config.device, compile=False, cudagraphs=False)
+    if config.batch_size < 1:
+        raise ValueError(f"--batch-size must be positive, got {config.batch_size}.")
+    if not 0.0 < config.gamma <= 1.0 or not 0.0 < config.tau <= 1.0:
+        raise ValueError(f"--gamma and --tau must lie in (0, 1], got {config.gamma} and {config.tau}.")
     if config.cql_n_actions < 1 or config.num_critics < 1:
         raise ValueError("--cql-n-actions and --num-critics must be positive.")
     if config.cql_alpha < 0 or config.cql_temp <= 0 or config.alpha <= 0:
@@ -129,69 +185,97 @@ def orthogonal_init_(critic: CriticEnsemble) -> None:
             layer.bias.zero_()
 
 
-class CQL(OfflineAgent):
+class CQL(nn.Module):
     """The CQL networks and update rule; takes raw observations (standardised inside when configured)."""
 
-    algo = "cql"
-    config_cls = CQLConfig
-
     def __init__(self, obs_dim: int, action_low: np.ndarray, action_high: np.ndarray, config: CQLConfig):
-        super().__init__(obs_dim, action_low, action_high, config)
-        hidden = tuple(config.hidden_sizes)
+        super().__init__()
+        self.config = config
+        self.obs_dim = obs_dim
+        self.register_buffer("action_low", torch.as_tensor(action_low, dtype=torch.float32))
+        self.register_buffer("action_high", torch.as_tensor(action_high, dtype=torch.float32))
+        # (obs − mean) / (std + 1e-3) with the dataset's statistics, as CORL
+        self.obs_norm = RunningObsNorm(obs_dim, clip=None, eps=1e-3, eps_on="std") if config.normalize_obs \
+            else nn.Identity()
+        hidden, action_dim = tuple(config.hidden_sizes), len(action_low)
         self.actor = CQLActor(obs_dim, action_low, action_high, hidden)
-        self.critic = CriticEnsemble(obs_dim, len(action_low), hidden, config.num_critics)
+        self.critic = CriticEnsemble(obs_dim, action_dim, hidden, config.num_critics)  # -> (E, B, 1)
         if config.orthogonal_init:
             orthogonal_init_(self.critic)
-        self.critic_target = CriticEnsemble(obs_dim, len(action_low), hidden, config.num_critics).requires_grad_(False)
+        self.critic_target = CriticEnsemble(obs_dim, action_dim, hidden, config.num_critics).requires_grad_(False)
         self.critic_target.load_state_dict(self.critic.state_dict())
         self.log_alpha = nn.Parameter(torch.tensor(float(np.log(config.alpha))), requires_grad=config.autotune)
-        self.target_entropy = config.target_entropy_scale * len(action_low)
+        self.target_entropy = config.target_entropy_scale * action_dim
         # the log-density of a uniform action in the box, subtracted from its Q under importance sampling
         self.uniform_log_density = -float(np.log(np.asarray(action_high) - np.asarray(action_low)).sum())
-        learning_rates = {"actor": (list(self.actor.parameters()), config.policy_lr),
-                          "critic": (list(self.critic.parameters()), config.qf_lr)}
+        self.optimizers = {"actor": make_optimizer(list(self.actor.parameters()), "adam", config.policy_lr),
+                           "critic": make_optimizer(list(self.critic.parameters()), "adam", config.qf_lr)}
         if config.autotune:
-            learning_rates["log_alpha"] = ([self.log_alpha], config.policy_lr)
-        self.set_optimizers(learning_rates)
-        self._critic_params = list(self.critic.parameters())
-        self._target_params = list(self.critic_target.parameters())
+            self.optimizers["log_alpha"] = make_optimizer([self.log_alpha], "adam", config.policy_lr)
+        self.num_updates = 0
 
     @property
     def alpha(self) -> torch.Tensor:
         return self.log_alpha.detach().exp()
 
+    def fit_normalizer(self, data: dict[str, np.ndarray]) -> None:
+        """Fit the observation statistics to the dataset's observations."""
+        if self.config.normalize_obs:
+            self.obs_norm.update(torch.as_tensor(data["observations"]))
+
     def policy(self, obs: torch.Tensor, deterministic: bool) -> torch.Tensor:
+        """Actions (B, A) for normalised observations: tanh of the mean, or a sample."""
         return self.actor.act(obs, deterministic)
 
     def q_value(self, obs: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
+        """The pessimistic Q-value (B,) of normalised observations: the critics' minimum."""
         return self.critic(obs, actions)[..., 0].min(dim=0).values
 
-    def learn(self, batch: Batch) -> dict[str, torch.Tensor]:
-        # every loss from the networks as they are before this update, then the steps (CORL's order)
-        actor_loss, alpha_loss, losses = self._actor_and_alpha_losses(batch.obs)
-        critic_loss, critic_losses = self._critic_loss(batch)
+    @torch.inference_mode()
+    def act(self, obs: np.ndarray, deterministic: bool = False) -> np.ndarray:
+        """Actions for a batch of raw observations (B, obs_dim) -> (B, action_dim)."""
+        obs_t = self.obs_norm(torch.as_tensor(obs, dtype=torch.float32, device=self.action_low.device))
+        return self.policy(obs_t, deterministic).cpu().numpy()
+
+    def attack_q(self, obs: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
+        """Q-values (B,) of raw observations, differentiable in both inputs (for adversarial corruption)."""
+        return self.q_value(self.obs_norm(obs), actions)
+
+    def attack_policy(self, obs: torch.Tensor) -> torch.Tensor:
+        """Deterministic actions of raw observations, differentiable in them (for adversarial corruption)."""
+        return self.policy(self.obs_norm(obs), deterministic=True)
+
+    def update(self, batch: Batch) -> dict[str, torch.Tensor]:
+        """One update on a batch of raw transitions: every loss from the networks (and α) as they are before
+        the update, then the steps of α, the actor and the critics, then the target critics (CORL's order)."""
+        if self.config.normalize_obs:
+            batch = batch._replace(obs=self.obs_norm(batch.obs), next_obs=self.obs_norm(batch.next_obs))
+        actor_loss, alpha_loss = self.actor_and_alpha_losses(batch.obs)
+        losses = {"losses/actor_loss": actor_loss.detach(), "losses/alpha": self.alpha}
+        critic_loss, critic_losses = self.critic_loss(batch)
         if alpha_loss is not None:
-            self.optimize("log_alpha", alpha_loss)
-        self.optimize("actor", actor_loss)
-        self.optimize("critic", critic_loss)
-        self.polyak(self._critic_params, self._target_params)
+            optimizer_step(self.optimizers["log_alpha"], alpha_loss, self.log_alpha)
+            losses["losses/alpha_loss"] = alpha_loss.detach()
+        optimizer_step(self.optimizers["actor"], actor_loss, self.actor)
+        optimizer_step(self.optimizers["critic"], critic_loss, self.critic)
+        soft_update(list(self.critic_target.parameters()), list(self.critic.parameters()), self.config.tau)
+        self.num_updates += 1
         return {**losses, **critic_losses}
 
-    def _actor_and_alpha_losses(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None, dict]:
+    def actor_and_alpha_losses(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The actor's loss α log π(a|s) − min Q(s, a), a ~ π(·|s), and α's loss −log α (log π(a|s) +
+        target_entropy) (None when α is fixed)."""
         actions, log_prob = self.actor.sample(obs)
-        self.critic.requires_grad_(False)  # the actor loss needs gradients w.r.t. actions only
-        q_pi = self.q_value(obs, actions)
-        self.critic.requires_grad_(True)
+        with frozen(self.critic):  # the actor loss needs gradients w.r.t. actions only
+            q_pi = self.q_value(obs, actions)
         actor_loss = (self.alpha * log_prob - q_pi).mean()
-        losses = {"losses/actor_loss": actor_loss.detach(), "losses/alpha": self.alpha}
         alpha_loss = None
         if self.config.autotune:
             alpha_loss = -(self.log_alpha * (log_prob.detach() + self.target_entropy)).mean()
-            losses["losses/alpha_loss"] = alpha_loss.detach()
-        return actor_loss, alpha_loss, losses
+        return actor_loss, alpha_loss
 
     @torch.no_grad()
-    def _proposal_actions(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
+    def proposal_actions(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
         """3·N actions per state (uniform, π(·|s), π(·|s')) and their log-densities: (3·N·B, A), (3·N, B).
 
         Row k·B + b of the actions belongs to state b.
@@ -208,15 +292,17 @@ class CQL(OfflineAgent):
                                  current_log_prob, following_log_prob]).view(3 * n, batch_size)
         return actions, log_density
 
-    def _critic_loss(self, batch: Batch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    def critic_loss(self, batch: Batch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """The critics' TD loss plus cql_alpha times the conservative gap, summed over critics; the logged
+        per-critic TD loss, gap and Q-values."""
         config = self.config
         with torch.no_grad():
             next_actions, next_log_prob = self.actor.sample(batch.next_obs)
-            next_q = self.critic_target(batch.next_obs, next_actions)[..., 0].min(dim=0).values
+            next_q = self.critic_target(batch.next_obs, next_actions)[..., 0].min(dim=0).values  # (E, B) -> (B,)
             if config.backup_entropy:
                 next_q = next_q - self.alpha * next_log_prob
             target = batch.rewards + batch.discounts * (1.0 - batch.terminated) * next_q
-            proposals, log_density = self._proposal_actions(batch)
+            proposals, log_density = self.proposal_actions(batch)
         q_data = self.critic(batch.obs, batch.actions)[..., 0]  # (E, B)
         td_loss = (q_data - target).pow(2).mean(dim=1).sum()
         # Q of every proposal, all critics in one pass; all proposals are scored at s
@@ -226,7 +312,7 @@ class CQL(OfflineAgent):
         if config.cql_importance_sample:
             q_proposals = q_proposals - log_density
         else:
-            q_proposals = torch.cat([q_proposals, q_data.unsqueeze(1)], dim=1)
+            q_proposals = torch.cat([q_proposals, q_data.unsqueeze(1)], dim=1)  # (E, 3·N + 1, B)
         soft_max = config.cql_temp * torch.logsumexp(q_proposals / config.cql_temp, dim=1)  # (E, B)
         conservative_gap = (soft_max - q_data).mean(dim=1).sum()
         critic_loss = td_loss + config.cql_alpha * conservative_gap
@@ -235,10 +321,88 @@ class CQL(OfflineAgent):
                              "losses/cql_gap": conservative_gap.detach() / num_critics,
                              "losses/qf_values": q_data.detach().mean()}
 
+    def training_state(self) -> dict:
+        """Networks, optimisers and the update counter: everything to continue training."""
+        return {"networks": self.state_dict(),
+                "optimizers": {name: optimizer.state_dict() for name, optimizer in self.optimizers.items()},
+                "num_updates": self.num_updates}
+
+    def load_training_state(self, state: dict) -> None:
+        self.load_state_dict(state["networks"])
+        for name, optimizer in self.optimizers.items():
+            optimizer.load_state_dict(state["optimizers"][name])
+        self.num_updates = state["num_updates"]
+
+    def save(self, path: str | os.PathLike) -> None:
+        """Save networks (observation statistics included) and config: tensors and plain values only."""
+        save_checkpoint(Path(path), {"algo": ALGO, "config": dataclasses.asdict(self.config), "obs_dim": self.obs_dim,
+                                     "networks": self.state_dict()})
+
+    @classmethod
+    def load(cls, path: str | os.PathLike, device: str = "cpu") -> CQL:
+        state = load_checkpoint(path, ALGO)
+        networks = state["networks"]
+        agent = cls(state["obs_dim"], networks["action_low"].numpy(), networks["action_high"].numpy(),
+                    CQLConfig(**state["config"]))
+        agent.load_state_dict(networks)
+        return agent.to(device)
+
+
+def evaluate(agent: CQL, env_id: str, episodes: int = 10, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """Returns and costs of `episodes` episodes of the agent's deterministic policy."""
+    return evaluate_policy(lambda obs: agent.act(obs, deterministic=True), env_id, episodes, seed)
+
+
+def load_attacker(path: str) -> tuple[QFunction, Policy]:
+    """The critic and deterministic policy, on raw observations, of the keelrl offline agent saved at `path`:
+    what --corruption-mode adversarial perturbs the dataset against."""
+    algo = attack_model_algo(path)
+    attacker = getattr(agent_module(algo), algo.upper()).load(path).requires_grad_(False)  # CQL, IQL or RIQL
+    return attacker.attack_q, attacker.attack_policy
+
 
 def train(config: CQLConfig) -> TrainResult:
     """Train CQL for `config.total_updates` gradient updates on `config.dataset`."""
-    return train_offline(CQL, config, validate)
+    run = Run(config, ALGO, validate, total="total_updates", checkpoint_keys=("global_step", "agent", "rng", "sampler"))
+    config = run.config
+    q_function = policy = None  # of the agent an adversarial corruption attacks
+    if config.corruption is not None and config.attack_model is not None:
+        q_function, policy = load_attacker(config.attack_model)
+    data, summary = prepare_dataset(config, config.seed, q_function, policy)
+    env_id, references = summary["env_id"], summary["ref_scores"]
+    observation_space, action_space = evaluation_spaces(data, env_id)
+    agent = CQL(int(np.prod(observation_space.shape)), action_space.low, action_space.high, config)
+    agent.fit_normalizer(data)
+    agent.to(config.device)
+    buffer = DatasetBuffer(data, config.gamma, config.device, seed=config.seed)
+    numpy_rng = np.random.default_rng(config.seed)  # the loop draws nothing from numpy; checkpoints keep its state
+    if run.resumed:
+        with run.restoring():
+            agent.load_training_state(run.checkpoint["agent"])
+            restore_rng_state(run.checkpoint["rng"], numpy_rng)
+            buffer.generator.set_state(run.checkpoint["sampler"])
+    run.open(env_id, files={"dataset.json": json.dumps(summary, indent=2)})  # logs start from the restored state
+
+    def write_checkpoint() -> None:
+        run.save_checkpoint(agent=agent.training_state(), rng=rng_state(numpy_rng),
+                            sampler=buffer.generator.get_state())
+
+    def run_evaluation() -> tuple[np.ndarray, float]:
+        returns, costs = evaluate(agent, env_id, config.eval_episodes, config.seed + 10_000)
+        score = float("nan") if references is None else float(normalized_score(returns, *references).mean())
+        run.evaluation(returns, costs, {"eval/normalized_score": score})
+        return returns, score
+
+    with run:
+        while not run.done:
+            losses = agent.update(buffer.sample(config.batch_size))
+            run.advance(1)
+            run.log(losses)
+            run.periodic(run_evaluation, write_checkpoint)
+        returns, score = run.finish(run_evaluation, write_checkpoint, agent.save)
+    run.report(returns, f"normalised score {score:.1f}; {run.loop_speed():.1f} updates/s")
+    return TrainResult(run_dir=run.dir, global_step=run.step, final_eval_returns=returns, sps=run.loop_speed(),
+                       update_sps=run.loop_speed())
 
 
 if __name__ == "__main__":

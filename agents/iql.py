@@ -1,4 +1,4 @@
-"""Implicit Q-Learning (Kostrikov et al. 2021) with CORL's defaults, and RIQL's robust options.
+"""Implicit Q-Learning (Kostrikov et al. 2021) with CORL's defaults.
 
 Run:     python -m keelrl.agents.iql --dataset keelrl/hopper-medium-v0
 Import:  from keelrl.agents.iql import IQL, IQLConfig, train, evaluate
@@ -6,20 +6,27 @@ Import:  from keelrl.agents.iql import IQL, IQLConfig, train, evaluate
 The algorithm, top to bottom (no action outside the dataset is ever evaluated):
 - V(s) regresses onto the target critics' Q(s, a) of dataset actions by expectile regression
   (weight |τ − 1(Q − V < 0)|, τ = 0.7), so V approaches an upper expectile of Q over the data's actions;
-- the Q ensemble regresses onto r + γ(1 − terminated) V(s') (MSE; RIQL: Huber, targets clipped);
+- the Q ensemble regresses onto r + γ(1 − terminated) V(s') (MSE);
+- target critics follow by Polyak averaging with rate τ;
 - the actor does advantage-weighted regression: maximise exp(β (Q − V)) (clipped at 100) times the
   log-likelihood of the dataset action (or minus its squared error, for a deterministic actor),
   with a cosine-decaying learning rate;
-- target critics follow by Polyak averaging with rate τ.
-RIQL (agents/riql.py) is this file with: observation statistics over observations and next
-observations, 5 critics whose V target is a quantile of the ensemble instead of its minimum, a Huber
-Q loss and clipped targets. The loop (dataset, corruption, evaluation, checkpoints) is in agents/offline_common.py.
+- the loop: load the dataset (corrupted if asked), fit the observation statistics to it, then update on
+  uniform batches, evaluating the deterministic policy in the dataset's environment (return and D4RL score).
+RIQL's robust options are options here too (V's target a quantile of the ensemble, a Huber Q loss, clipped
+targets, statistics over next observations, EDAC's critic initialisation); agents/riql.py is RIQL, with them
+on. The dataset comes from keelrl.buffers (DatasetOptions, prepare_dataset, DatasetBuffer), the networks and
+optimiser steps from keelrl.networks, the run plumbing (logs, evaluation and checkpoint timing, resume) from
+agents/harness.py.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
+import os
+from pathlib import Path
 from typing import Literal
 
 import numpy as np
@@ -27,16 +34,52 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from keelrl.agents.common import TrainResult, run_cli
-from keelrl.agents.offline_common import OfflineAgent, OfflineConfig, evaluate, cosine_factor, train_offline, validate_offline
+from keelrl.agents.common import (
+    TrainResult,
+    evaluate_policy,
+    load_checkpoint,
+    restore_rng_state,
+    rng_state,
+    run_cli,
+    save_checkpoint,
+)
+from keelrl.agents.harness import Run, RunOptions, agent_module, validate_run_options
 from keelrl.buffers import Batch
-from keelrl.networks import CriticEnsemble, DeterministicActor, mlp
+from keelrl.buffers.corruption import Policy, QFunction, attack_model_algo
+from keelrl.buffers.offline import (
+    DatasetBuffer,
+    DatasetOptions,
+    evaluation_spaces,
+    normalized_score,
+    prepare_dataset,
+    validate_dataset_options,
+)
+from keelrl.networks import (
+    CriticEnsemble,
+    DeterministicActor,
+    RunningObsNorm,
+    check_device,
+    make_optimizer,
+    mlp,
+    optimizer_step,
+    scale_learning_rates,
+    soft_update,
+)
 
+ALGO = "iql"
 __all__ = ["IQL", "IQLConfig", "train", "evaluate"]
 
 
 @dataclasses.dataclass
-class IQLConfig(OfflineConfig):
+class IQLConfig(RunOptions, DatasetOptions):
+    total_updates: int = 1_000_000
+    """gradient updates to train for"""
+    batch_size: int = 256
+    """transitions per gradient update"""
+    gamma: float = 0.99
+    """discount factor"""
+    tau: float = 0.005
+    """target network Polyak rate"""
     expectile: float = 0.7
     """expectile τ of V's regression onto Q (CORL's iql_tau)"""
     beta: float = 3.0
@@ -49,14 +92,16 @@ class IQLConfig(OfflineConfig):
     """Q critics learning rate"""
     vf_lr: float = 3e-4
     """value network learning rate"""
-    deterministic_actor: bool = False
-    """a deterministic actor trained by weighted squared error (CORL uses it on hopper-medium and RIQL everywhere)"""
-    log_std_min: float = -20.0
-    """lower clip of the Gaussian actor's state-independent log-std (RIQL: -5)"""
     hidden_sizes: tuple[int, ...] = (256, 256)
     """hidden layer sizes of actor, critics and value network"""
     num_critics: int = 2
     """critics in the Q ensemble"""
+    deterministic_actor: bool = False
+    """a deterministic actor trained by weighted squared error (CORL uses it on hopper-medium and RIQL everywhere)"""
+    log_std_min: float = -20.0
+    """lower clip of the Gaussian actor's state-independent log-std (RIQL: -5)"""
+    normalize_obs: bool = True
+    """standardise observations by the dataset's mean and std (saved with the model)"""
     q_target: Literal["min", "quantile"] = "min"
     """how V's target combines the target critics: their minimum, or their `quantile` (RIQL)"""
     quantile: float = 0.25
@@ -71,10 +116,21 @@ class IQLConfig(OfflineConfig):
     """fit the observation statistics to observations and next observations (RIQL)"""
     edac_critic_init: bool = False
     """EDAC's critic initialisation (RIQL): every bias 0.1, the output layer's weights and bias U(±3e-3)"""
+    eval_freq: int = 5_000
+    """updates between evaluations (0: only at the end)"""
+    device: str = "cpu"
+    """torch device for networks and dataset"""
 
 
 def validate(config: IQLConfig) -> None:
-    validate_offline(config)
+    """Reject option values no run can use, with the option's command-line name."""
+    validate_run_options(config, "total_updates")
+    validate_dataset_options(config)
+    check_device(config.device, compile=False, cudagraphs=False)
+    if config.batch_size < 1:
+        raise ValueError(f"--batch-size must be positive, got {config.batch_size}.")
+    if not 0.0 < config.gamma <= 1.0 or not 0.0 < config.tau <= 1.0:
+        raise ValueError(f"--gamma and --tau must lie in (0, 1], got {config.gamma} and {config.tau}.")
     if not 0.0 < config.expectile < 1.0 or not 0.0 < config.quantile < 1.0:
         raise ValueError(f"--expectile and --quantile must lie in (0, 1), "
                          f"got {config.expectile} and {config.quantile}.")
@@ -103,6 +159,7 @@ class GaussianActor(nn.Module):
         return (-0.5 * z.pow(2) - log_std - 0.5 * math.log(2 * math.pi)).sum(-1)
 
     def act(self, obs: torch.Tensor, deterministic: bool) -> torch.Tensor:
+        """The mean, or a sample clipped into the action box: (B, A)."""
         mean = self.mean_net(obs)
         if deterministic:
             return mean
@@ -124,60 +181,105 @@ def edac_init_(critic: CriticEnsemble) -> None:
         layers[-1].bias.uniform_(-3e-3, 3e-3)
 
 
-class IQL(OfflineAgent):
+def cosine_factor(step: int, total: int) -> float:
+    """Cosine decay from 1 to 0 over `total` steps (CORL's CosineAnnealingLR on IQL's actor)."""
+    return 0.5 * (1.0 + math.cos(math.pi * min(step, total) / total))
+
+
+class IQL(nn.Module):
     """The IQL networks and update rule; takes raw observations (standardised inside when configured)."""
 
-    algo = "iql"
-    config_cls = IQLConfig
-
     def __init__(self, obs_dim: int, action_low: np.ndarray, action_high: np.ndarray, config: IQLConfig):
-        super().__init__(obs_dim, action_low, action_high, config)
-        hidden = tuple(config.hidden_sizes)
-        self.critic = CriticEnsemble(obs_dim, len(action_low), hidden, config.num_critics)
+        super().__init__()
+        self.config = config
+        self.obs_dim = obs_dim
+        self.register_buffer("action_low", torch.as_tensor(action_low, dtype=torch.float32))
+        self.register_buffer("action_high", torch.as_tensor(action_high, dtype=torch.float32))
+        # (obs − mean) / (std + 1e-3) with the dataset's statistics, as CORL and RIQL
+        self.obs_norm = RunningObsNorm(obs_dim, clip=None, eps=1e-3, eps_on="std") if config.normalize_obs \
+            else nn.Identity()
+        hidden, action_dim = tuple(config.hidden_sizes), len(action_low)
+        self.critic = CriticEnsemble(obs_dim, action_dim, hidden, config.num_critics)  # -> (E, B, 1)
         if config.edac_critic_init:
             edac_init_(self.critic)
-        self.critic_target = CriticEnsemble(obs_dim, len(action_low), hidden, config.num_critics).requires_grad_(False)
+        self.critic_target = CriticEnsemble(obs_dim, action_dim, hidden, config.num_critics).requires_grad_(False)
         self.critic_target.load_state_dict(self.critic.state_dict())
-        self.value = mlp(obs_dim, hidden, 1)
+        self.value = mlp(obs_dim, hidden, 1)  # -> (B, 1)
         if config.deterministic_actor:
             self.actor = DeterministicActor(obs_dim, action_low, action_high, hidden)
         else:
             self.actor = GaussianActor(obs_dim, action_low, action_high, hidden, config.log_std_min)
-        self.set_optimizers({"actor": (list(self.actor.parameters()), config.actor_lr),
-                             "critic": (list(self.critic.parameters()), config.qf_lr),
-                             "value": (list(self.value.parameters()), config.vf_lr)})
-        self._critic_params = list(self.critic.parameters())
-        self._target_params = list(self.critic_target.parameters())
+        self.optimizers = {"actor": make_optimizer(list(self.actor.parameters()), "adam", config.actor_lr),
+                           "critic": make_optimizer(list(self.critic.parameters()), "adam", config.qf_lr),
+                           "value": make_optimizer(list(self.value.parameters()), "adam", config.vf_lr)}
+        self.num_updates = 0
 
-    def observation_statistics_data(self, data: dict[str, np.ndarray]) -> np.ndarray:
+    def fit_normalizer(self, data: dict[str, np.ndarray]) -> None:
+        """Fit the observation statistics to the dataset's observations (and next observations, RIQL's way)."""
+        if not self.config.normalize_obs:
+            return
+        observations = data["observations"]
         if self.config.obs_stats_with_next:
-            return np.concatenate([data["observations"], data["next_observations"]])
-        return data["observations"]
+            observations = np.concatenate([data["observations"], data["next_observations"]])
+        self.obs_norm.update(torch.as_tensor(observations))
 
     def policy(self, obs: torch.Tensor, deterministic: bool) -> torch.Tensor:
+        """Actions (B, A) for normalised observations: the policy's mean, or a sample."""
         if self.config.deterministic_actor:
             return self.actor(obs)
         return self.actor.act(obs, deterministic)
 
     def q_value(self, obs: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
+        """The pessimistic Q-value (B,) of normalised observations: the critics' minimum."""
         return self.critic(obs, actions)[..., 0].min(dim=0).values
 
-    def _combine_targets(self, q_all: torch.Tensor) -> torch.Tensor:
-        """(E, B) target critics' values -> (B,) target of V."""
+    @torch.inference_mode()
+    def act(self, obs: np.ndarray, deterministic: bool = False) -> np.ndarray:
+        """Actions for a batch of raw observations (B, obs_dim) -> (B, action_dim)."""
+        obs_t = self.obs_norm(torch.as_tensor(obs, dtype=torch.float32, device=self.action_low.device))
+        return self.policy(obs_t, deterministic).cpu().numpy()
+
+    def attack_q(self, obs: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
+        """Q-values (B,) of raw observations, differentiable in both inputs (for adversarial corruption)."""
+        return self.q_value(self.obs_norm(obs), actions)
+
+    def attack_policy(self, obs: torch.Tensor) -> torch.Tensor:
+        """Deterministic actions of raw observations, differentiable in them (for adversarial corruption)."""
+        return self.policy(self.obs_norm(obs), deterministic=True)
+
+    def combine_targets(self, q_all: torch.Tensor) -> torch.Tensor:
+        """V's target from the target critics' values (E, B) -> (B,): their minimum, or their `quantile`."""
         if self.config.q_target == "quantile":
             return torch.quantile(q_all, self.config.quantile, dim=0)
         return q_all.min(dim=0).values
 
-    def learn(self, batch: Batch) -> dict[str, torch.Tensor]:
+    def update(self, batch: Batch) -> dict[str, torch.Tensor]:
+        """One update on a batch of raw transitions: V, then Q, then the target critics, then the actor."""
+        if self.config.normalize_obs:
+            batch = batch._replace(obs=self.obs_norm(batch.obs), next_obs=self.obs_norm(batch.next_obs))
+        with torch.no_grad():  # both from the networks as they are before this update
+            target_q = self.combine_targets(self.critic_target(batch.obs, batch.actions)[..., 0])  # (E, B) -> (B,)
+            next_v = self.value(batch.next_obs)[:, 0]  # (B, 1) -> (B,)
+        value_loss, advantage = self.update_value(batch.obs, target_q)
+        q_loss, q = self.update_critic(batch, next_v)
+        soft_update(list(self.critic_target.parameters()), list(self.critic.parameters()), self.config.tau)
+        actor_loss = self.update_actor(batch, advantage)
+        self.num_updates += 1
+        return {"losses/qf_loss": q_loss, "losses/vf_loss": value_loss, "losses/actor_loss": actor_loss,
+                "losses/qf_values": q.mean(), "losses/advantage": advantage.mean()}
+
+    def update_value(self, obs: torch.Tensor, target_q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """V's step: expectile regression onto the target Q of dataset actions; the loss and the advantages
+        Q − V (B,), detached."""
+        advantage = target_q - self.value(obs)[:, 0]
+        value_loss = (torch.abs(self.config.expectile - (advantage < 0).float()) * advantage.pow(2)).mean()
+        optimizer_step(self.optimizers["value"], value_loss, self.value)
+        return value_loss.detach(), advantage.detach()
+
+    def update_critic(self, batch: Batch, next_v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Q's step: one-step TD onto r + γ(1 − terminated) V(s'), no maximisation over actions; the loss
+        and the critics' Q-values (E, B), detached."""
         config = self.config
-        with torch.no_grad():
-            target_q = self._combine_targets(self.critic_target(batch.obs, batch.actions)[..., 0])  # (B,)
-            next_v = self.value(batch.next_obs)[:, 0]
-        # V: expectile regression onto the target Q of dataset actions
-        advantage = target_q - self.value(batch.obs)[:, 0]
-        value_loss = (torch.abs(config.expectile - (advantage < 0).float()) * advantage.pow(2)).mean()
-        self.optimize("value", value_loss)
-        # Q: one-step TD onto V(s'), no maximisation over actions
         target = batch.rewards + batch.discounts * (1.0 - batch.terminated) * next_v
         if config.target_clip is not None:
             target = target.clamp(*config.target_clip)
@@ -187,26 +289,104 @@ class IQL(OfflineAgent):
             q_loss = F.smooth_l1_loss(q, target, beta=1.0 / config.huber_sigma**2)
         else:
             q_loss = F.mse_loss(q, target)
-        self.optimize("critic", q_loss)
-        self.polyak(self._critic_params, self._target_params)
-        # actor: advantage-weighted regression onto dataset actions
-        weights = torch.exp(config.beta * advantage.detach()).clamp(max=config.exp_adv_max)
+        optimizer_step(self.optimizers["critic"], q_loss, self.critic)
+        return q_loss.detach(), q.detach()
+
+    def update_actor(self, batch: Batch, advantage: torch.Tensor) -> torch.Tensor:
+        """The actor's step: advantage-weighted regression onto dataset actions, its learning rate on a cosine."""
+        config = self.config
+        weights = torch.exp(config.beta * advantage).clamp(max=config.exp_adv_max)
         if config.deterministic_actor:
             regression = (self.actor(batch.obs) - batch.actions).pow(2).sum(-1)
         else:
             regression = -self.actor.log_prob(batch.obs, batch.actions)
         actor_loss = (weights * regression).mean()
-        for group in self.optimizers["actor"].param_groups:
-            group["lr"] = group["initial_lr"] * cosine_factor(self.num_updates, config.total_updates)
-        self.optimize("actor", actor_loss)
-        return {"losses/qf_loss": q_loss.detach(), "losses/vf_loss": value_loss.detach(),
-                "losses/actor_loss": actor_loss.detach(), "losses/qf_values": q.detach().mean(),
-                "losses/advantage": advantage.detach().mean()}
+        scale_learning_rates([self.optimizers["actor"]], cosine_factor(self.num_updates, config.total_updates))
+        optimizer_step(self.optimizers["actor"], actor_loss, self.actor)
+        return actor_loss.detach()
+
+    def training_state(self) -> dict:
+        """Networks, optimisers and the update counter: everything to continue training."""
+        return {"networks": self.state_dict(),
+                "optimizers": {name: optimizer.state_dict() for name, optimizer in self.optimizers.items()},
+                "num_updates": self.num_updates}
+
+    def load_training_state(self, state: dict) -> None:
+        self.load_state_dict(state["networks"])
+        for name, optimizer in self.optimizers.items():
+            optimizer.load_state_dict(state["optimizers"][name])
+        self.num_updates = state["num_updates"]
+
+    def save(self, path: str | os.PathLike) -> None:
+        """Save networks (observation statistics included) and config: tensors and plain values only."""
+        save_checkpoint(Path(path), {"algo": ALGO, "config": dataclasses.asdict(self.config), "obs_dim": self.obs_dim,
+                                     "networks": self.state_dict()})
+
+    @classmethod
+    def load(cls, path: str | os.PathLike, device: str = "cpu") -> IQL:
+        state = load_checkpoint(path, ALGO)
+        networks = state["networks"]
+        agent = cls(state["obs_dim"], networks["action_low"].numpy(), networks["action_high"].numpy(),
+                    IQLConfig(**state["config"]))
+        agent.load_state_dict(networks)
+        return agent.to(device)
+
+
+def evaluate(agent: IQL, env_id: str, episodes: int = 10, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """Returns and costs of `episodes` episodes of the agent's deterministic policy."""
+    return evaluate_policy(lambda obs: agent.act(obs, deterministic=True), env_id, episodes, seed)
+
+
+def load_attacker(path: str) -> tuple[QFunction, Policy]:
+    """The critic and deterministic policy, on raw observations, of the keelrl offline agent saved at `path`:
+    what --corruption-mode adversarial perturbs the dataset against."""
+    algo = attack_model_algo(path)
+    attacker = getattr(agent_module(algo), algo.upper()).load(path).requires_grad_(False)  # CQL, IQL or RIQL
+    return attacker.attack_q, attacker.attack_policy
 
 
 def train(config: IQLConfig) -> TrainResult:
     """Train IQL for `config.total_updates` gradient updates on `config.dataset`."""
-    return train_offline(IQL, config, validate)
+    run = Run(config, ALGO, validate, total="total_updates", checkpoint_keys=("global_step", "agent", "rng", "sampler"))
+    config = run.config
+    q_function = policy = None  # of the agent an adversarial corruption attacks
+    if config.corruption is not None and config.attack_model is not None:
+        q_function, policy = load_attacker(config.attack_model)
+    data, summary = prepare_dataset(config, config.seed, q_function, policy)
+    env_id, references = summary["env_id"], summary["ref_scores"]
+    observation_space, action_space = evaluation_spaces(data, env_id)
+    agent = IQL(int(np.prod(observation_space.shape)), action_space.low, action_space.high, config)
+    agent.fit_normalizer(data)
+    agent.to(config.device)
+    buffer = DatasetBuffer(data, config.gamma, config.device, seed=config.seed)
+    numpy_rng = np.random.default_rng(config.seed)  # the loop draws nothing from numpy; checkpoints keep its state
+    if run.resumed:
+        with run.restoring():
+            agent.load_training_state(run.checkpoint["agent"])
+            restore_rng_state(run.checkpoint["rng"], numpy_rng)
+            buffer.generator.set_state(run.checkpoint["sampler"])
+    run.open(env_id, files={"dataset.json": json.dumps(summary, indent=2)})  # logs start from the restored state
+
+    def write_checkpoint() -> None:
+        run.save_checkpoint(agent=agent.training_state(), rng=rng_state(numpy_rng),
+                            sampler=buffer.generator.get_state())
+
+    def run_evaluation() -> tuple[np.ndarray, float]:
+        returns, costs = evaluate(agent, env_id, config.eval_episodes, config.seed + 10_000)
+        score = float("nan") if references is None else float(normalized_score(returns, *references).mean())
+        run.evaluation(returns, costs, {"eval/normalized_score": score})
+        return returns, score
+
+    with run:
+        while not run.done:
+            losses = agent.update(buffer.sample(config.batch_size))
+            run.advance(1)
+            run.log(losses)
+            run.periodic(run_evaluation, write_checkpoint)
+        returns, score = run.finish(run_evaluation, write_checkpoint, agent.save)
+    run.report(returns, f"normalised score {score:.1f}; {run.loop_speed():.1f} updates/s")
+    return TrainResult(run_dir=run.dir, global_step=run.step, final_eval_returns=returns, sps=run.loop_speed(),
+                       update_sps=run.loop_speed())
 
 
 if __name__ == "__main__":

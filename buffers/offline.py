@@ -1,5 +1,6 @@
 """Offline datasets in the D4RL layout: load Minari datasets or D4RL-style files, write Minari datasets,
-sample batches like the replay buffer, and normalise scores.
+sample batches like the replay buffer, normalise scores, and prepare a dataset for an offline agent's run
+(`DatasetOptions`, `prepare_dataset`: corruption, reward normalisation, the evaluation environment's check).
 
 The D4RL layout is a dict of float32 arrays with N rows:
 `observations (N, obs_dim), actions (N, action_dim), rewards (N,), next_observations (N, obs_dim),
@@ -21,12 +22,15 @@ import re
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any, Literal
 
 import gymnasium as gym
 import numpy as np
 import torch
 
+from keelrl.buffers.corruption import Policy, QFunction, corrupt_dataset
 from keelrl.buffers.replay import Batch
+from keelrl.envs import make_vec_env
 
 D4RL_KEYS = ("observations", "actions", "rewards", "next_observations", "terminals", "timeouts")
 # D4RL's reference returns (random policy, expert policy), used when a dataset's metadata has none
@@ -360,3 +364,102 @@ class DatasetBuffer:
         return Batch(obs=self.obs[idx], actions=self.actions[idx], rewards=self.rewards[idx],
                      next_obs=self.next_obs[idx], terminated=self.terminated[idx],
                      discounts=self._discounts[batch_size])
+
+
+# ---------------------------------------------------------------------------------------------------
+# preparing a dataset for an offline agent's run
+
+
+@dataclasses.dataclass
+class DatasetOptions:
+    """The dataset an offline agent trains on, how it is prepared, and the environment it is evaluated in."""
+
+    dataset: str = "keelrl/hopper-medium-v0"
+    """Minari dataset id (made by keelrl.benchmarks.make_datasets), a Minari dataset directory, or a D4RL-layout .hdf5/.npz"""
+    data_path: str | None = None
+    """Minari datasets root to look ids up in (default: $MINARI_DATASETS_PATH, else ~/.minari/datasets)"""
+    env_id: str | None = None
+    """evaluation environment (default: the one the dataset records; needed for .hdf5/.npz files)"""
+    normalize_reward: bool = False
+    """scale rewards by 1000 / (max − min episode return in the dataset), CORL's MuJoCo reward normalisation"""
+    drop_timeout_transitions: bool = False
+    """drop the last transition of time-limit episodes as D4RL's qlearning_dataset does (keelrl keeps them)"""
+    corruption: Literal["obs", "act", "reward", "dynamics"] | None = None
+    """corrupt one field of the dataset (RIQL's benchmark): observations, actions, rewards or next observations"""
+    corruption_rate: float = 0.3
+    """fraction of transitions corrupted"""
+    corruption_range: float = 1.0
+    """corruption scale: noise in ±range · std (rewards: ±range · 30), or the attack's bound"""
+    corruption_mode: Literal["random", "adversarial"] = "random"
+    """random noise, or perturbations that minimise the Q-values of --attack-model"""
+    attack_model: str | None = None
+    """model.pt of a keelrl offline agent (cql, iql, riql) trained on the clean data: the critic adversarial mode attacks"""
+
+
+def validate_dataset_options(options: DatasetOptions) -> None:
+    """Reject corruption settings no run can use, with the options' command-line names."""
+    if not 0.0 <= options.corruption_rate <= 1.0 or options.corruption_range <= 0:
+        raise ValueError(f"--corruption-rate must lie in [0, 1] and --corruption-range be positive, "
+                         f"got {options.corruption_rate} and {options.corruption_range}.")
+    if options.corruption_mode == "adversarial" and options.corruption in ("obs", "act", "dynamics") \
+            and options.attack_model is None:
+        raise ValueError(f"--corruption-mode adversarial --corruption {options.corruption} attacks a critic: give "
+                         f"--attack-model, the model.pt of a keelrl offline agent trained on the clean dataset.")
+
+
+def prepare_dataset(options: DatasetOptions, seed: int, q_function: QFunction | None = None,
+                    policy: Policy | None = None) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+    """The training data, corrupted and reward-normalised as `options` ask, and its summary for dataset.json
+    (source, evaluation env_id, transitions, episodes, behaviour_return, corruption, reward_scale, ref_scores).
+
+    `seed` seeds the corruption; `q_function` and `policy` are the trained agent an adversarial corruption
+    attacks (see `corrupt_dataset`).
+    """
+    data, info = load_dataset_with_info(options.dataset, options.data_path, options.drop_timeout_transitions)
+    env_id = options.env_id or info.env_id
+    if env_id is None:
+        raise ValueError(f"{options.dataset} does not record its environment: give --env-id to evaluate in.")
+    ends = episode_ends(data, time_limit(env_id))  # of the clean data: corruption moves observations
+    summary: dict[str, Any] = {
+        "source": info.source, "env_id": env_id, "transitions": len(data["rewards"]),
+        "episodes": int(ends.sum()), "behaviour_return": float(episode_returns(data, ends).mean()), "corruption": None,
+    }
+    if options.corruption is not None:
+        data, indices = corrupt_dataset(data, options.corruption, options.corruption_rate, options.corruption_range,
+                                        options.corruption_mode, seed=seed, q_function=q_function, policy=policy)
+        summary["corruption"] = {"kind": options.corruption, "mode": options.corruption_mode,
+                                 "rate": options.corruption_rate, "range": options.corruption_range,
+                                 "corrupted_transitions": len(indices)}
+    if options.normalize_reward:
+        data, summary["reward_scale"] = normalize_rewards(data, ends)
+    summary["ref_scores"] = reference_scores(info, env_id)
+    return data, summary
+
+
+def time_limit(env_id: str) -> int | None:
+    """The time limit of a registered environment (None when unknown)."""
+    if env_id not in gym.registry:
+        return None
+    return gym.spec(env_id).max_episode_steps
+
+
+def normalize_rewards(data: dict[str, np.ndarray], ends: np.ndarray,
+                      max_episode_steps: int = 1000) -> tuple[dict[str, np.ndarray], float]:
+    """Rewards scaled by max_episode_steps / (max − min episode return) (CORL's MuJoCo normalisation);
+    episodes end where `ends` is True (see `episode_ends`)."""
+    returns = episode_returns(data, ends)
+    spread = float(returns.max() - returns.min())
+    if spread <= 0:
+        raise ValueError(f"--normalize-reward needs episodes with different returns; this dataset's "
+                         f"{len(returns)} episode(s) all return {returns[0]:.6g}.")
+    scale = max_episode_steps / spread
+    return {**data, "rewards": data["rewards"] * np.float32(scale)}, scale
+
+
+def evaluation_spaces(data: dict[str, np.ndarray], env_id: str) -> tuple[gym.spaces.Box, gym.spaces.Box]:
+    """The observation and action spaces of `env_id`, refused unless they are the dataset's."""
+    env = make_vec_env(env_id, num_envs=1, seed=0)
+    spaces = env.single_observation_space, env.single_action_space
+    env.close()
+    check_env_matches(data, env_id, spaces)
+    return spaces

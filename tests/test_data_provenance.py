@@ -5,7 +5,7 @@ Datasets here encode their own coordinates: field f of row i, column j holds 100
 disjoint known patterns. The data goes through the real loading paths (.npz, .hdf5, D4RL's raw layout,
 a Minari dataset written by `write_minari_dataset`), the `DatasetBuffer`, the online `ReplayBuffer` fed by
 keelrl's vector env, and the corruption the offline loop applies (`prepare_dataset`, then a real `train`
-run whose `learn` is spied on); each sampled field is decoded back to (row, field).
+run whose `update` is spied on); each sampled field is decoded back to (row, field).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import torch
 
-import keelrl.agents.offline_common as offline_common
+import keelrl.buffers.offline as offline_data
 from keelrl.agents.iql import IQL, IQLConfig
 from keelrl.agents.iql import train as train_iql
 from keelrl.buffers import ReplayBuffer
@@ -201,7 +201,7 @@ def test_replay_buffer_keeps_each_transition_whole_and_truncation_apart():
     for _ in range(steps):
         actions = obs[:, :1] + 7.0  # the action names the observation it was taken in
         next_obs, rewards, terminated, truncated, info = env.step(actions)
-        buffer.add(obs, actions, rewards, info["final_obs"], terminated, truncated)  # as agents/off_policy.py
+        buffer.add(obs, actions, rewards, info["final_obs"], terminated, truncated)  # as agents/sac.py's loop
         done = terminated | truncated
         assert np.all(next_obs[done, 1] == 0) and np.all(next_obs[~done, 1] % 10 == 1)  # same-step autoreset
         obs = next_obs
@@ -234,13 +234,13 @@ CORRUPTED = {"obs": "observations", "act": "actions", "reward": "rewards", "dyna
 
 def spy_on_corruption(monkeypatch) -> list:
     """Record what the loop's corrupt_dataset call returned (data, reported indices)."""
-    calls, corrupt = [], offline_common.corrupt_dataset
+    calls, corrupt = [], offline_data.corrupt_dataset
 
     def spy(*args, **kwargs):
         calls.append(corrupt(*args, **kwargs))
         return calls[-1]
 
-    monkeypatch.setattr(offline_common, "corrupt_dataset", spy)
+    monkeypatch.setattr(offline_data, "corrupt_dataset", spy)
     return calls
 
 
@@ -266,7 +266,7 @@ def test_prepare_dataset_corrupts_exactly_the_reported_rows_of_one_field(kind, n
     calls = spy_on_corruption(monkeypatch)
     config = IQLConfig(dataset=str(npz_path), env_id="InvertedPendulum-v5", corruption=kind, corruption_rate=RATE,
                        corruption_range=RANGE, seed=7, normalize_obs=False)
-    data, _, summary = offline_common.prepare_dataset(config)
+    data, summary = offline_data.prepare_dataset(config, config.seed)
     assert len(calls) == 1
     assert_corruption_as_documented(encoded_dataset(), data, kind, calls[0][1])
     for key in D4RL_KEYS:  # what the loop trains on is what the corruption returned
@@ -276,16 +276,16 @@ def test_prepare_dataset_corrupts_exactly_the_reported_rows_of_one_field(kind, n
 
 @pytest.mark.parametrize("kind", list(CORRUPTED))
 def test_the_agent_updates_on_the_corrupted_values(kind, npz_path, tmp_path, monkeypatch):
-    """One real `train` update: the batch `learn` receives holds the corrupted rows' corrupted values, every
-    other value clean, each from its own row."""
+    """One real `train` update: the batch `update` receives (observations not normalised) holds the corrupted
+    rows' corrupted values, every other value clean, each from its own row."""
     calls, batches = spy_on_corruption(monkeypatch), []
-    learn = IQL.learn
+    update = IQL.update
 
-    def spy_learn(self, batch):
+    def spy_update(self, batch):
         batches.append(batch)
-        return learn(self, batch)
+        return update(self, batch)
 
-    monkeypatch.setattr(IQL, "learn", spy_learn)
+    monkeypatch.setattr(IQL, "update", spy_update)
     config = IQLConfig(dataset=str(npz_path), env_id="InvertedPendulum-v5", corruption=kind, corruption_rate=RATE,
                        corruption_range=RANGE, seed=3, normalize_obs=False, total_updates=1, batch_size=SAMPLES,
                        hidden_sizes=(8, 8), eval_freq=0, eval_episodes=1, runs_dir=str(tmp_path), quiet=True)

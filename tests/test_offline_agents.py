@@ -34,7 +34,7 @@ def iql_first_losses_by_hand(agent, batch) -> dict[str, float]:
     V: expectile τ of A = Q̂(s, a) − V(s), Q̂ the target critics' min (IQL) or 0.25-quantile (RIQL);
     Q: MSE (IQL) or Huber with β = 1 (RIQL) against r + γ(1 − d) V(s'), V before its step;
     actor: mean of min(exp(3 A), 100) × (−log N(a; μ(s), 1) (IQL) or ‖μ(s) − a‖² (RIQL))."""
-    riql = agent.algo == "riql"
+    riql = isinstance(agent, RIQL)
     with torch.no_grad():
         q_target = agent.critic_target(batch.obs, batch.actions)[..., 0].double().numpy()  # (E, B)
         q = agent.critic(batch.obs, batch.actions)[..., 0].double().numpy()
@@ -118,14 +118,14 @@ def test_riql_defaults_and_quantile_target():
     assert agent.critic.num_critics == 5 and agent.config.q_loss == "huber" and agent.config.deterministic_actor
     q_all = torch.arange(10.0).view(5, 2)  # 5 critics, 2 transitions: values 0 2 4 6 8 and 1 3 5 7 9
     # the 0.25-quantile, linearly interpolated: position 0.25 · (5 − 1) = 1, the second smallest
-    torch.testing.assert_close(agent._combine_targets(q_all), torch.tensor([2.0, 3.0]), rtol=0, atol=0)
-    torch.testing.assert_close(agent._combine_targets(q_all.flip(0)), torch.tensor([2.0, 3.0]), rtol=0, atol=0)
+    torch.testing.assert_close(agent.combine_targets(q_all), torch.tensor([2.0, 3.0]), rtol=0, atol=0)
+    torch.testing.assert_close(agent.combine_targets(q_all.flip(0)), torch.tensor([2.0, 3.0]), rtol=0, atol=0)
     # between order statistics: (0.3 · 4 = 1.2) of 0 10 20 30 40 is 10 + 0.2 · 10 = 12
     spread = torch.tensor([[40.0], [0.0], [30.0], [10.0], [20.0]])
-    quantile_03 = make_agent("riql", quantile=0.3)._combine_targets(spread)
+    quantile_03 = make_agent("riql", quantile=0.3).combine_targets(spread)
     torch.testing.assert_close(quantile_03, torch.tensor([12.0]), rtol=1e-6, atol=0)
-    torch.testing.assert_close(make_agent("iql")._combine_targets(q_all[:2]), q_all[0])  # IQL: the minimum
-    torch.testing.assert_close(make_agent("iql")._combine_targets(q_all[:2].flip(0)), torch.tensor([0.0, 1.0]))
+    torch.testing.assert_close(make_agent("iql").combine_targets(q_all[:2]), q_all[0])  # IQL: the minimum
+    torch.testing.assert_close(make_agent("iql").combine_targets(q_all[:2].flip(0)), torch.tensor([0.0, 1.0]))
 
 
 def test_riql_schedule_runs_over_its_3m_updates_and_critics_start_as_edac():

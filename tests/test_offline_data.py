@@ -182,7 +182,7 @@ def test_episode_ends_cut_at_the_time_limit_when_nothing_else_tells():
 
 def test_reward_normalisation_of_time_limit_data_with_timeout_rows_dropped(tmp_path):
     """All-timeout data used to become one episode (normalisation refused); now scale = 1000 / (max − min)."""
-    from keelrl.agents.offline_common import normalize_rewards
+    from keelrl.buffers.offline import normalize_rewards
 
     np.savez(tmp_path / "raw.npz", **time_limit_stream())
     data = load_dataset(tmp_path / "raw.npz")

@@ -209,13 +209,13 @@ def run_iql_update(agent, batch, monkeypatch):
     """agent.update(batch), recording what its target critics saw and output, V's target and Q's target."""
     seen = {}
     agent.critic_target.register_forward_hook(record_first(seen, "target_q_all", lambda inputs, output: output))
-    combine = agent._combine_targets
+    combine = agent.combine_targets
 
     def spy_combine(q_all):
         seen["target_q"] = combine(q_all)
         return seen["target_q"]
 
-    monkeypatch.setattr(agent, "_combine_targets", spy_combine)
+    monkeypatch.setattr(agent, "combine_targets", spy_combine)
     for name in ("mse_loss", "smooth_l1_loss"):
         original = getattr(torch.nn.functional, name)
 
