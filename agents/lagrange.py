@@ -1,4 +1,4 @@
-"""What SAC-Lag and TD3-Lag share: the Lagrange multiplier, the cost critic and the Lagrangian actor loss.
+"""What SAC-Lag and TD3-Lag share: their options, the Lagrange multiplier and the Lagrangian actor loss.
 
 A constrained agent maximises the return subject to J_c = E[episode cost] <= d (`--cost-limit`):
     max_π min_{λ>=0}  J_r(π) − λ (J_c(π) − d).
@@ -7,8 +7,8 @@ A constrained agent maximises the return subject to J_c = E[episode cost] <= d (
   the reward loss however large λ grows.
 - λ >= 0 descends the loss −λ (J_c − d): it rises while episodes cost more than the limit and falls
   (down to 0) while they cost less. When it steps: once per batch of finished training episodes, i.e.
-  after each vector-env step at which at least one training episode ended (the off-policy loop calls
-  `observe_episode_costs`), and never otherwise: not per gradient update, not per epoch. J_c is the
+  after each vector-env step at which at least one training episode ended (the loops of sac_lag.py and
+  td3_lag.py call `observe_episode_costs`), and never otherwise: not per gradient update, not per epoch. J_c is the
   mean undiscounted cost of the episodes that ended at that step (with --num-envs 1: the one episode's
   cost); each episode counts in exactly one step. λ steps from the first episode on, also while
   actions are still random (before --learning-starts), unless `--lambda-warmup` holds it back.
@@ -38,18 +38,12 @@ How this differs from OmniSafe (PKU-Alignment/omnisafe, read at commit 15603dd):
 
 from __future__ import annotations
 
-import contextlib
-import copy
 import dataclasses
 from typing import Literal
 
-import numpy as np
 import torch
 from torch import nn
 
-from keelrl.agents.common import TrainResult, load_run_config
-from keelrl.agents.off_policy import OffPolicyAgent, OffPolicyConfig, build_critic, train_off_policy
-from keelrl.buffers import Batch
 from keelrl.envs.safety import require_cost_task
 
 
@@ -73,8 +67,9 @@ class LagrangeOptions:
     """λ stays at lambda_init for episodes that end at global_step <= lambda_warmup (environment steps)"""
 
 
-def validate_lagrange(config: OffPolicyConfig, agent: str) -> None:
-    """Reject option values no constrained run can use (`config` holds LagrangeOptions), and tasks without a cost."""
+def validate_lagrange(config: LagrangeOptions, agent: str) -> None:
+    """Reject option values no constrained run can use, and tasks without a cost (`config` also has env_id and
+    env_backend)."""
     if not config.cost_limit >= 0:  # also catches NaN
         raise ValueError(f"--cost-limit must be a non-negative number (the largest allowed episode cost; 0 allows "
                          f"no unsafe step), got {config.cost_limit}.")
@@ -82,17 +77,6 @@ def validate_lagrange(config: OffPolicyConfig, agent: str) -> None:
         if not getattr(config, name) >= 0:
             raise ValueError(f"--{name.replace('_', '-')} must be non-negative, got {getattr(config, name)}.")
     require_cost_task(config.env_id, config.env_backend, agent)
-
-
-def train_constrained(agent_cls: type[OffPolicyAgent], config: OffPolicyConfig, validate) -> TrainResult:
-    """Train with the off-policy loop, then report the final evaluation cost against the run's limit."""
-    result = train_off_policy(agent_cls, config, validate)
-    cost_limit = load_run_config(result.run_dir, agent_cls.algo, type(config)).cost_limit  # a resumed run's own
-    costs = result.final_eval_costs
-    verdict = "met" if costs.mean() <= cost_limit else "NOT met"
-    print(f"final evaluation cost over {len(costs)} episodes: {costs.mean():.1f} ± {costs.std():.1f} "
-          f"(cost limit {cost_limit:g}: {verdict})")
-    return result
 
 
 class GradientMultiplier(nn.Module):
@@ -149,65 +133,3 @@ def build_multiplier(config: LagrangeOptions) -> GradientMultiplier | PIDMultipl
 def lagrangian_actor_loss(reward_loss: torch.Tensor, cost_q: torch.Tensor, lam: torch.Tensor) -> torch.Tensor:
     """mean(reward_loss + λ Q_c) / (1 + λ); reward_loss (B,) is the unconstrained agent's per-sample loss."""
     return (reward_loss + lam * cost_q).mean() / (1.0 + lam)
-
-
-class LagrangianMixin:
-    """The cost side of a Lagrangian agent; mixed into SAC or TD3 before the base class.
-
-    `init_cost_side` builds the cost critic ensemble (the reward critic's architecture, scalar
-    outputs, its own target) and the multiplier; the training loop stores `info["cost"]` in the
-    replay buffer (`uses_cost`) and hands finished episodes' costs to `observe_episode_costs`.
-    """
-
-    uses_cost = True
-
-    def init_cost_side(self, obs_dim: int, action_dim: int, config: OffPolicyConfig, lr: float) -> None:
-        self.cost_critic = build_critic(config, obs_dim, action_dim, num_outputs=1)
-        self.cost_critic_target = copy.deepcopy(self.cost_critic).requires_grad_(False)
-        self.lagrange = build_multiplier(config)
-        self.set_optimizers({"cost_critic": (list(self.cost_critic.parameters()), lr)})
-        self._cost_critic_params = list(self.cost_critic.parameters())
-        self._cost_target_params = list(self.cost_critic_target.parameters())
-        self._cost_critic_loss = self.compiled(self.cost_critic_loss)
-
-    @property
-    def lagrange_multiplier(self) -> torch.Tensor:
-        return self.lagrange.value
-
-    def observe_episode_costs(self, episode_costs: np.ndarray, global_step: int) -> None:
-        """One λ step on the mean undiscounted cost of the training episodes that ended at this vector-env
-        step (the only place λ changes), unless global_step <= lambda_warmup."""
-        if global_step > self.config.lambda_warmup:
-            self.lagrange.update(float(np.mean(episode_costs)))
-
-    def cost_values(self, obs: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
-        """Q_c(s, a) (B,): the mean over the cost ensemble (neither optimistic nor pessimistic)."""
-        return self.cost_critic(obs, actions).squeeze(-1).mean(dim=0)  # (E, B, 1) -> (B,)
-
-    def cost_critic_loss(self, batch: Batch, next_actions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Every cost critic's loss against c + γ(1 − terminated) Q_c,target(s', a') (a' from the agent's
-        target rule), and the cost critics' outputs (E, B)."""
-        with torch.no_grad():
-            next_cost_q = self.cost_critic_target(batch.next_obs, next_actions).squeeze(-1).mean(dim=0)
-            target = batch.costs + batch.discounts * (1.0 - batch.terminated) * next_cost_q
-        cost_q = self.cost_critic(batch.obs, batch.actions).squeeze(-1)  # (E, B, 1) -> (E, B)
-        return (cost_q - target).pow(2).mean(dim=1).sum(), cost_q.detach()
-
-    def cost_critic_step(self, batch: Batch, next_actions: torch.Tensor) -> dict[str, torch.Tensor]:
-        """One optimiser step of the cost critics, then their targets follow by Polyak averaging."""
-        cost_loss, cost_q = self._cost_critic_loss(batch, next_actions)
-        self.optimize("cost_critic", cost_loss)
-        with torch.no_grad():
-            torch._foreach_lerp_(self._cost_target_params, self._cost_critic_params, self.config.tau)
-        return {"losses/cost_qf_loss": cost_loss.detach() / cost_q.shape[0],
-                "losses/cost_qf_values": cost_q.mean(),
-                "losses/lagrange_multiplier": self.lagrange.value.clone()}
-
-    @contextlib.contextmanager
-    def frozen_cost_critic(self):
-        """The cost critic without parameter gradients: the actor loss needs gradients w.r.t. actions only."""
-        self.cost_critic.requires_grad_(False)
-        try:
-            yield
-        finally:
-            self.cost_critic.requires_grad_(True)

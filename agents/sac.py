@@ -182,6 +182,13 @@ def validate(config: SACConfig) -> None:
         raise ValueError(f"--alpha and --alpha-init must be positive, got {config.alpha} and {config.alpha_init}.")
 
 
+def resolve(config: SACConfig) -> SACConfig:
+    """The config a new run trains with: the preset's settings applied, then a categorical critic on scaled
+    rewards given the support [−5, 5] unless --v-min/--v-max are set."""
+    config = apply_preset(config, PRESETS)
+    return with_default_support(config, config.scale_rewards)
+
+
 class SAC(nn.Module):
     """The SAC networks and update rule; takes raw observations (normalised inside when configured)."""
 
@@ -322,7 +329,7 @@ def evaluate(agent: SAC, env_id: str, episodes: int = 10, seed: int = 0) -> tupl
 def train(config: SACConfig) -> TrainResult:
     """Collect, update, log, evaluate and checkpoint until `total_timesteps` environment steps."""
     if config.resume is None:
-        config = with_default_support(apply_preset(config, PRESETS), config.scale_rewards)
+        config = resolve(config)
     run = Run(config, ALGO, validate, total="total_timesteps")
     config = run.config
     # a resumed run starts fresh episodes: envs are reseeded from the step they resume at

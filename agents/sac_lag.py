@@ -25,14 +25,13 @@ import numpy as np
 import torch
 
 from keelrl.agents.common import BUFFER_FILE, TrainResult, restore_rng_state, rng_state, run_cli
-from keelrl.agents.harness import Run, apply_preset
+from keelrl.agents.harness import Run
 from keelrl.agents.lagrange import LagrangeOptions, build_multiplier, lagrangian_actor_loss, validate_lagrange
-from keelrl.agents.sac import PRESETS, SAC, SACConfig, evaluate
+from keelrl.agents.sac import SAC, SACConfig, evaluate, resolve
 from keelrl.agents.sac import validate as validate_sac
 from keelrl.buffers import Batch, ReplayBuffer
 from keelrl.envs import make_vec_env
 from keelrl.networks import build_critic, compiled, frozen, make_optimizer, optimizer_step, soft_update
-from keelrl.networks.builders import with_default_support
 
 ALGO = "sac_lag"
 __all__ = ["SACLag", "SACLagConfig", "train", "evaluate"]
@@ -116,7 +115,7 @@ def train(config: SACLagConfig) -> TrainResult:
     """SAC's loop with costs: stored per step, fed to λ per batch of finished episodes; the final evaluation
     cost is reported beside the limit."""
     if config.resume is None:
-        config = with_default_support(apply_preset(config, PRESETS), config.scale_rewards)
+        config = resolve(config)
     run = Run(config, ALGO, validate, total="total_timesteps")
     config = run.config
     env = make_vec_env(config.env_id, config.num_envs, config.seed + run.step, config.env_backend)

@@ -7,106 +7,230 @@ The algorithm, top to bottom:
 - a deterministic tanh actor explores with Gaussian noise of std `exploration_noise` × action scale;
 - twin Q critics (one batched ensemble) regress onto r + γ(1 − terminated) min Q_target(s', ã'), where
   ã' is the target actor's action plus clipped Gaussian noise (target policy smoothing);
-- every `policy_frequency` critic updates, the actor ascends Q1(s, actor(s)) and the target actor
-  and critics follow by Polyak averaging with rate τ.
-The training loop (collect, store, update, log, evaluate, checkpoint) is in agents/off_policy.py.
+- every `policy_frequency` critic updates, the actor ascends Q1(s, actor(s)) (the first critic only) and
+  the target actor and critics follow by Polyak averaging with rate τ;
+- the loop: uniform random actions for `learning_starts` steps, then the noisy policy's; every environment
+  step is stored in the replay buffer and followed by `utd` updates per environment.
+The networks come from keelrl.networks (NetworkOptions: MLP, SimBa or SimbaV2; scalar, C51 or HL-Gauss
+critic outputs), the replay buffer from keelrl.buffers, the run plumbing (logs, evaluation and checkpoint
+timing, resume) from agents/harness.py.
 """
 
 from __future__ import annotations
 
 import copy
 import dataclasses
+import os
+from pathlib import Path
+from typing import ClassVar, Literal
 
+import gymnasium as gym
 import numpy as np
 import torch
+from torch import nn
 
-from keelrl.agents.common import TrainResult, run_cli
-from keelrl.agents.off_policy import (
-    MUJOCO_DISCOUNT,
-    OffPolicyAgent,
-    OffPolicyConfig,
-    build_actor,
-    evaluate,
-    train_off_policy,
-    validate_off_policy,
+from keelrl.agents.common import (
+    BUFFER_FILE,
+    TrainResult,
+    evaluate_policy,
+    load_checkpoint,
+    restore_rng_state,
+    rng_state,
+    run_cli,
+    save_checkpoint,
 )
-from keelrl.buffers import Batch
+from keelrl.agents.harness import Run, RunOptions, apply_preset, validate_run_options
+from keelrl.buffers import Batch, ReplayBuffer
+from keelrl.envs import make_vec_env
+from keelrl.networks import (
+    CriticEnsemble,
+    NetworkOptions,
+    RewardScaler,
+    RunningObsNorm,
+    build_actor,
+    build_critic,
+    build_head,
+    check_device,
+    compiled,
+    frozen,
+    make_optimizer,
+    optimizer_step,
+    scale_learning_rates,
+    soft_update,
+    td_target,
+    validate_network_options,
+)
+from keelrl.networks.builders import MUJOCO_DISCOUNT, with_default_support
 
+ALGO = "td3"
 __all__ = ["TD3", "TD3Config", "train", "evaluate"]
 
 
 @dataclasses.dataclass
-class TD3Config(OffPolicyConfig):
+class TD3Config(RunOptions, NetworkOptions):
+    env_id: str = "Hopper-v5"
+    """gymnasium (or envpool) environment id with a Box action space"""
+    total_timesteps: int = 1_000_000
+    """environment steps to train for"""
+    num_envs: int = 1
+    """parallel environments (one gradient update per environment step)"""
+    env_backend: Literal["gymnasium", "envpool"] = "gymnasium"
+    """vector environment backend (envpool needs the envpool extra)"""
+    buffer_size: int = 1_000_000
+    """replay buffer capacity (transitions)"""
+    gamma: float = 0.99
+    """discount factor"""
+    tau: float = 0.005
+    """target network Polyak rate"""
+    batch_size: int = 256
+    """transitions per gradient update"""
     learning_starts: int = 25_000
     """environment steps of uniform random actions before learning starts"""
     learning_rate: float = 3e-4
     """actor and critic learning rate"""
+    policy_frequency: int = 2
+    """delayed policy updates: one actor step and one target update every this many critic updates"""
     policy_noise: float = 0.2
     """std of the target policy smoothing noise, in units of the action scale"""
     noise_clip: float = 0.5
     """the smoothing noise is clipped to ±noise_clip (action-scale units)"""
     exploration_noise: float = 0.1
     """std of the exploration noise, in units of the action scale"""
+    n_step: int = 1
+    """n-step returns from the replay buffer"""
+    utd: int = 1
+    """gradient updates per environment step (update-to-data ratio)"""
+    scale_rewards: bool = False
+    """divide rewards by SimbaV2's running scale of the discounted return, so returns stay within ±v_max"""
+    normalize_obs: bool = False
+    """normalise observations by running mean/std, (obs − mean) / sqrt(var + 1e-8), updated on the observations
+    acted on (saved with the model)"""
+    obs_clip: float | None = 10.0
+    """with --normalize-obs: clip normalised observations to ±obs_clip (None: no clipping, as SimBa and SimbaV2)"""
+    optimizer: Literal["adam", "adamw"] = "adam"
+    """optimiser of actor and critics"""
+    weight_decay: float = 0.0
+    """decoupled weight decay of actor and critics (--optimizer adamw)"""
+    final_lr_fraction: float = 1.0
+    """learning rates decay linearly over the run to this fraction of their start (1: constant)"""
+    preset: Literal["simba", "simbav2"] | None = None
+    """the SimBa or SimbaV2 paper's settings in one flag; an explicit option that contradicts it is refused"""
+    device: str = "cpu"
+    """torch device for networks and replay buffer"""
+    compile: bool = False
+    """compile the loss computations with torch.compile (a C++ compiler is needed on CPU)"""
+    cudagraphs: bool = False
+    """with --device cuda: replay the compiled losses as CUDA graphs (torch.compile's "reduce-overhead" mode)"""
+
+
+# The SimBa and SimbaV2 papers' networks, critics, optimisers and MuJoCo run settings on TD3's update rule (the
+# policy delay and target smoothing stay TD3's: neither reference has TD3). Values and sources as SAC's presets
+# (agents/sac.py); SimBa's DDPG (github.com/SonyResearch/simba configs/agent/ddpg_simba.yaml:10,15-16,21-22) has
+# the same observation normalisation, lr 1e-4 and AdamW weight decay 1e-2 on actor and critic, and exploration
+# noise 0.1 (:32, keelrl's default). Learning starts at 5000 steps (configs/buffer/numpy_uniform.yaml:7 of both
+# repos) instead of TD3's 25000; γ 0.995 from their episode-length heuristic on MuJoCo's 1000-step episodes.
+PRESETS = {
+    "simba": dict(network="simba", normalize_obs=True, obs_clip=None, optimizer="adamw", weight_decay=1e-2,
+                  learning_rate=1e-4, utd=2, gamma=MUJOCO_DISCOUNT, learning_starts=5_000),
+    "simbav2": dict(network="simbav2", normalize_obs=True, obs_clip=None, critic_head="c51", num_bins=101,
+                    scale_rewards=True, optimizer="adam", learning_rate=1e-4, final_lr_fraction=0.5, utd=1,
+                    gamma=MUJOCO_DISCOUNT, learning_starts=5_000),
+}
 
 
 def validate(config: TD3Config) -> None:
-    validate_off_policy(config)
-    for name in ("learning_rate", "policy_noise", "noise_clip", "exploration_noise"):
+    """Reject option values no run can use, with the option's command-line name."""
+    validate_run_options(config, "total_timesteps")
+    validate_network_options(config)
+    check_device(config.device, config.compile, config.cudagraphs)
+    for name in ("num_envs", "buffer_size", "batch_size", "policy_frequency", "n_step", "utd"):
+        if getattr(config, name) < 1:
+            raise ValueError(f"--{name.replace('_', '-')} must be positive, got {getattr(config, name)}.")
+    for name in ("learning_starts", "learning_rate", "policy_noise", "noise_clip", "exploration_noise"):
         if getattr(config, name) < 0:
             raise ValueError(f"--{name.replace('_', '-')} must be non-negative, got {getattr(config, name)}.")
+    if not 0.0 < config.gamma <= 1.0 or not 0.0 < config.tau <= 1.0:
+        raise ValueError(f"--gamma and --tau must lie in (0, 1], got {config.gamma} and {config.tau}.")
+    if config.batch_size > config.buffer_size:
+        raise ValueError(f"--batch-size {config.batch_size} is larger than --buffer-size {config.buffer_size}.")
+    if config.weight_decay < 0 or not 0.0 < config.final_lr_fraction <= 1.0:
+        raise ValueError("--weight-decay must be non-negative and --final-lr-fraction in (0, 1].")
+    if config.obs_clip is not None and not config.obs_clip > 0:
+        raise ValueError(f"--obs-clip must be positive (or None for no clipping), got {config.obs_clip}.")
 
 
-class TD3(OffPolicyAgent):
+def resolve(config: TD3Config) -> TD3Config:
+    """The config a new run trains with: the preset's settings applied, then a categorical critic on scaled
+    rewards given the support [−5, 5] unless --v-min/--v-max are set."""
+    config = apply_preset(config, PRESETS)
+    return with_default_support(config, config.scale_rewards)
+
+
+class TD3(nn.Module):
     """The TD3 networks and update rule; takes raw observations (normalised inside when configured)."""
 
-    algo = "td3"
-    config_cls = TD3Config
-    # The SimBa and SimbaV2 papers' networks, critics, optimisers and MuJoCo run settings on TD3's update rule
-    # (the policy delay stays TD3's: neither reference has TD3). Values and sources as SAC's presets
-    # (agents/sac.py); SimBa's DDPG (github.com/SonyResearch/simba configs/agent/ddpg_simba.yaml:10,15-16,21-22)
-    # has the same observation normalisation, lr 1e-4 and AdamW weight decay 1e-2 on actor and critic, and
-    # exploration noise 0.1 (:32, keelrl's default). Learning starts at 5000 steps (configs/buffer/
-    # numpy_uniform.yaml:7 of both repos) instead of TD3's 25000; γ 0.995 from their episode-length heuristic.
-    presets = {
-        "simba": dict(network="simba", normalize_obs=True, obs_clip=None, optimizer="adamw", weight_decay=1e-2,
-                      learning_rate=1e-4, utd=2, gamma=MUJOCO_DISCOUNT, learning_starts=5_000),
-        "simbav2": dict(network="simbav2", normalize_obs=True, obs_clip=None, critic_head="c51", num_bins=101,
-                        scale_rewards=True, optimizer="adam", learning_rate=1e-4, final_lr_fraction=0.5, utd=1,
-                        gamma=MUJOCO_DISCOUNT, learning_starts=5_000),
-    }
+    algo: ClassVar[str] = ALGO
+    """the name saved with the model, which `load` checks"""
+    config_cls: ClassVar[type] = TD3Config
 
     def __init__(self, obs_dim: int, action_low: np.ndarray, action_high: np.ndarray, config: TD3Config):
-        super().__init__(obs_dim, action_low, action_high, config)  # critics, value head, normalisers
+        super().__init__()
+        self.config = config
+        self.obs_dim = obs_dim
+        self.register_buffer("action_low", torch.as_tensor(action_low, dtype=torch.float32))
+        self.register_buffer("action_high", torch.as_tensor(action_high, dtype=torch.float32))
+        # (obs − mean) / sqrt(var + 1e-8) as SimBa and SimbaV2 (which do not clip: --obs-clip None in their presets)
+        self.obs_norm = RunningObsNorm(obs_dim, config.obs_clip, eps=1e-8) if config.normalize_obs else nn.Identity()
+        self.reward_scaler = RewardScaler(config.gamma, config.num_envs) if config.scale_rewards else None
+        self.head = build_head(config)  # critic outputs -> Q-values, and the critic's loss against its target
+        self.critic = build_critic(config, obs_dim, len(action_low), self.head.num_outputs)
+        self.critic_target = copy.deepcopy(self.critic).requires_grad_(False)
         self.actor = build_actor(config, obs_dim, action_low, action_high, stochastic=False)
         self.actor_target = copy.deepcopy(self.actor).requires_grad_(False)
-        self.set_optimizers({"actor": (list(self.actor.parameters()), config.learning_rate),
-                             "critic": (list(self.critic.parameters()), config.learning_rate)})
-        self._online_params = [*self.actor.parameters(), *self.critic.parameters()]
-        self._target_params = [*self.actor_target.parameters(), *self.critic_target.parameters()]
-        self._critic_loss, self._actor_loss = self.compiled(self.critic_loss), self.compiled(self.actor_loss)
+        self.optimizers = {
+            "actor": make_optimizer(list(self.actor.parameters()), config.optimizer, config.learning_rate,
+                                    config.weight_decay),
+            "critic": make_optimizer(list(self.critic.parameters()), config.optimizer, config.learning_rate,
+                                     config.weight_decay),
+        }
+        self.num_updates = 0
+        self.total_updates = max(1, (config.total_timesteps - config.learning_starts) * config.utd)
+        self._critic_loss = compiled(self.critic_loss, config.compile, config.cudagraphs)
+        self._actor_loss = compiled(self.actor_loss, config.compile, config.cudagraphs)
 
-    def policy(self, obs: torch.Tensor, deterministic: bool) -> torch.Tensor:
-        actions = self.actor(obs)
-        if deterministic:
-            return actions
-        noise = torch.randn_like(actions) * (self.actor.action_scale * self.config.exploration_noise)
-        return torch.clamp(actions + noise, self.action_low, self.action_high)
+    @torch.inference_mode()
+    def act(self, obs: np.ndarray, deterministic: bool = False) -> np.ndarray:
+        """Actions for a batch of raw observations (B, obs_dim) -> (B, action_dim): the actor's, plus Gaussian
+        noise of std exploration_noise × action scale clipped to the action bounds unless deterministic."""
+        obs_t = self.obs_norm(torch.as_tensor(obs, dtype=torch.float32, device=self.action_low.device))
+        actions = self.actor(obs_t)
+        if not deterministic:
+            noise = torch.randn_like(actions) * (self.actor.action_scale * self.config.exploration_noise)
+            actions = torch.clamp(actions + noise, self.action_low, self.action_high)
+        return actions.cpu().numpy()
+
+    def update(self, batch: Batch) -> dict[str, torch.Tensor]:
+        """Normalise the batch's observations and scale its rewards (when configured), decay the learning
+        rates (when configured), then `learn` from it."""
+        if self.config.normalize_obs:
+            batch = batch._replace(obs=self.obs_norm(batch.obs), next_obs=self.obs_norm(batch.next_obs))
+        if self.reward_scaler is not None:
+            batch = batch._replace(rewards=self.reward_scaler(batch.rewards))
+        if self.config.final_lr_fraction < 1.0:  # linear decay over every update after learning_starts
+            progress = min(1.0, self.num_updates / self.total_updates)
+            scale_learning_rates(self.optimizers.values(), 1.0 - (1.0 - self.config.final_lr_fraction) * progress)
+        self.num_updates += 1
+        return self.learn(batch)
 
     def learn(self, batch: Batch) -> dict[str, torch.Tensor]:
-        """One critic step; every `policy_frequency` updates, one actor step and the target updates."""
-        losses = self._update_critic(batch)
-        if (self.num_updates + 1) % self.config.policy_frequency == 0:
-            losses["losses/actor_loss"] = self._update_actor(batch.obs)
-            with torch.no_grad():
-                torch._foreach_lerp_(self._target_params, self._online_params, self.config.tau)
+        """One critic step; every `policy_frequency` updates, one actor step, then the target actor and critics
+        follow by Polyak averaging."""
+        losses = self.update_critic(batch)
+        if self.num_updates % self.config.policy_frequency == 0:
+            losses.update(self.update_actor(batch.obs))
+            soft_update([*self.actor_target.parameters(), *self.critic_target.parameters()],
+                        [*self.actor.parameters(), *self.critic.parameters()], self.config.tau)
         return losses
-
-    def critic_loss(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
-        """Every critic's loss against r + γ(1 − terminated) min Q'(s', ã'), ã' the target actor's action
-        plus clipped noise; and the critics' outputs."""
-        with torch.no_grad():
-            target = self.td_target(batch, self.smoothed_target_actions(batch.next_obs), next_bonus=0.0)
-        return self.critic_regression_loss(batch, target)
 
     def smoothed_target_actions(self, next_obs: torch.Tensor) -> torch.Tensor:
         """The target actor's actions plus Gaussian noise clipped to ±noise_clip (target policy smoothing)."""
@@ -115,23 +239,147 @@ class TD3(OffPolicyAgent):
         noise = noise.clamp(-self.config.noise_clip, self.config.noise_clip) * self.actor.action_scale
         return torch.clamp(actions + noise, self.action_low, self.action_high)
 
+    def critic_loss(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
+        """The critics' summed loss against r + γ(1 − terminated) min Q'(s', ã'), ã' the smoothed target action,
+        and their detached outputs (E, B, K)."""
+        with torch.no_grad():
+            next_actions = self.smoothed_target_actions(batch.next_obs)
+            next_outputs = self.critic_target(batch.next_obs, next_actions)  # (E, B, K)
+            target = td_target(self.head, next_outputs, batch.rewards, batch.discounts, batch.terminated)
+        outputs = self.critic(batch.obs, batch.actions)  # (E, B, K)
+        # squared error (scalar critic) or cross-entropy against the target distribution (C51, HL-Gauss), (E, B)
+        per_sample = self.head.loss(outputs, target)
+        return per_sample.mean(dim=1).sum(), outputs.detach()
+
+    def first_critic_value(self, obs: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
+        """Q1(s, a) (B,), the first critic's (an MLP ensemble computes that member alone)."""
+        if isinstance(self.critic, CriticEnsemble):
+            outputs = self.critic(obs, actions, members=slice(0, 1))
+        else:
+            outputs = self.critic(obs, actions)[:1]
+        return self.head.value(outputs).squeeze(0)  # (1, B) -> (B,)
+
     def actor_loss(self, obs: torch.Tensor) -> torch.Tensor:
         """−Q1(s, actor(s)): the first critic only, as in the TD3 paper."""
-        return -self.q_values(obs, self.actor(obs), first_only=True).mean()
+        return -self.first_critic_value(obs, self.actor(obs)).mean()
 
-    def _update_critic(self, batch: Batch) -> dict[str, torch.Tensor]:
-        return self.apply_critic_loss(*self._critic_loss(batch))
+    def update_critic(self, batch: Batch) -> dict[str, torch.Tensor]:
+        critic_loss, outputs = self._critic_loss(batch)
+        optimizer_step(self.optimizers["critic"], critic_loss, self.critic)
+        return {"losses/qf_loss": critic_loss.detach() / outputs.shape[0],
+                "losses/qf_values": self.head.value(outputs).mean()}
 
-    def _update_actor(self, obs: torch.Tensor) -> torch.Tensor:
-        self.critic.requires_grad_(False)  # the actor loss needs gradients w.r.t. actions only
-        actor_loss = self._actor_loss(obs)
-        self.critic.requires_grad_(True)
-        self.optimize("actor", actor_loss)
-        return actor_loss.detach()
+    def update_actor(self, obs: torch.Tensor) -> dict[str, torch.Tensor]:
+        with frozen(self.critic):  # the actor loss needs gradients w.r.t. actions only
+            actor_loss = self._actor_loss(obs)
+        optimizer_step(self.optimizers["actor"], actor_loss, self.actor)
+        return {"losses/actor_loss": actor_loss.detach()}
+
+    def training_state(self) -> dict:
+        """Networks, optimisers and the update counter: everything to continue training."""
+        return {"networks": self.state_dict(),
+                "optimizers": {name: optimizer.state_dict() for name, optimizer in self.optimizers.items()},
+                "num_updates": self.num_updates}
+
+    def load_training_state(self, state: dict) -> None:
+        self.load_state_dict(state["networks"])
+        for name, optimizer in self.optimizers.items():
+            optimizer.load_state_dict(state["optimizers"][name])
+        self.num_updates = state["num_updates"]
+
+    def save(self, path: str | os.PathLike) -> None:
+        """Save networks (observation statistics included) and config: tensors and plain values only."""
+        save_checkpoint(Path(path), {"algo": self.algo, "config": dataclasses.asdict(self.config),
+                                     "obs_dim": self.obs_dim, "networks": self.state_dict()})
+
+    @classmethod
+    def load(cls, path: str | os.PathLike, device: str = "cpu") -> TD3:
+        state = load_checkpoint(path, cls.algo)
+        networks = state["networks"]
+        agent = cls(state["obs_dim"], networks["action_low"].numpy(), networks["action_high"].numpy(),
+                    cls.config_cls(**state["config"]))
+        agent.load_state_dict(networks)
+        return agent.to(device)
+
+
+def evaluate(agent: TD3, env_id: str, episodes: int = 10, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """Returns and costs of `episodes` episodes of the agent's deterministic policy."""
+    return evaluate_policy(lambda obs: agent.act(obs, deterministic=True), env_id, episodes, seed)
+
 
 def train(config: TD3Config) -> TrainResult:
-    """Train TD3 until `config.total_timesteps` environment steps (see agents/off_policy.py)."""
-    return train_off_policy(TD3, config, validate)
+    """Collect, update, log, evaluate and checkpoint until `total_timesteps` environment steps."""
+    if config.resume is None:
+        config = resolve(config)
+    run = Run(config, ALGO, validate, total="total_timesteps")
+    config = run.config
+    # a resumed run starts fresh episodes: envs are reseeded from the step they resume at
+    env = make_vec_env(config.env_id, config.num_envs, config.seed + run.step, config.env_backend)
+    if not isinstance(env.single_action_space, gym.spaces.Box):
+        env.close()
+        raise ValueError(f"TD3 needs a continuous (Box) action space; {config.env_id!r} has "
+                         f"{env.single_action_space}. Use a discrete-action agent for it.")
+    obs_dim = int(np.prod(env.single_observation_space.shape))
+    low, high = env.single_action_space.low, env.single_action_space.high
+    agent = TD3(obs_dim, low, high, config).to(config.device)
+    buffer = ReplayBuffer(config.buffer_size, (obs_dim,), low.shape, config.num_envs, config.device, config.n_step,
+                          config.gamma, seed=config.seed)
+    action_rng = np.random.default_rng(config.seed)
+    if run.resumed:
+        if not (run.dir / BUFFER_FILE).is_file():
+            raise FileNotFoundError(f"--resume {run.dir}: {BUFFER_FILE} is missing (it is written with every "
+                                    f"checkpoint); the run cannot continue without its replay buffer.")
+        with run.restoring():
+            agent.load_training_state(run.checkpoint["agent"])
+            restore_rng_state(run.checkpoint["rng"], action_rng)
+        with run.restoring(BUFFER_FILE):
+            buffer.load(run.dir / BUFFER_FILE)
+        buffer.end_episodes()  # the envs restart: the interrupted episodes end where the checkpoint cut them
+        if agent.reward_scaler is not None:
+            agent.reward_scaler.reset_returns()
+
+    run.open(config.env_id)  # after the restore: a damaged checkpoint fails before the logs are cut back to it
+
+    def write_checkpoint() -> None:
+        buffer.save(run.dir / BUFFER_FILE)
+        run.save_checkpoint(agent=agent.training_state(), rng=rng_state(action_rng))
+
+    def run_evaluation() -> tuple[np.ndarray, np.ndarray]:
+        returns, costs = evaluate(agent, config.env_id, config.eval_episodes, config.seed + 10_000)
+        run.evaluation(returns, costs)
+        return returns, costs
+
+    losses = {}
+    obs, _ = env.reset()
+    with run:
+        try:
+            while not run.done:
+                if config.normalize_obs:
+                    agent.obs_norm.update(torch.as_tensor(obs))
+                if run.step < config.learning_starts:
+                    actions = action_rng.uniform(low, high, (config.num_envs, *low.shape)).astype(np.float32)
+                else:
+                    actions = agent.act(obs)
+                with run.stepping_env(config.num_envs):
+                    next_obs, rewards, terminated, truncated, info = env.step(actions)
+                buffer.add(obs, actions, rewards, info["final_obs"], terminated, truncated)
+                if agent.reward_scaler is not None:
+                    agent.reward_scaler.update(rewards, terminated | truncated)
+                obs = next_obs
+                run.advance(config.num_envs)
+                run.vector_episodes(info)
+                if run.step > config.learning_starts:
+                    run.updates_began()
+                    for _ in range(config.num_envs * config.utd):
+                        losses = agent.update(buffer.sample(config.batch_size))
+                run.log(losses)
+                run.periodic(run_evaluation, write_checkpoint)
+            returns, costs = run.finish(run_evaluation, write_checkpoint, agent.save)
+        finally:
+            env.close()
+    run.report(returns, f"steps/s: {run.loop_speed():.1f} overall, {run.update_speed():.1f} while updating")
+    return TrainResult(run_dir=run.dir, global_step=run.step, final_eval_returns=returns, sps=run.loop_speed(),
+                       update_sps=run.update_speed(), final_eval_costs=costs)
 
 
 if __name__ == "__main__":

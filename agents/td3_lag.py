@@ -1,46 +1,46 @@
-"""TD3-Lag: TD3 under an episode-cost constraint, by a learned Lagrange multiplier.
+"""TD3-Lag: TD3 under an episode-cost constraint by Lagrangian relaxation (Ray et al. 2019; Ha et al. 2020).
 
 Run:     python -m keelrl.agents.td3_lag --env-id keelrl/SafeHopperVelocity-v1 --cost-limit 25
 Import:  from keelrl.agents.td3_lag import TD3Lag, TD3LagConfig, train, evaluate
 
-The algorithm, top to bottom (TD3's parts come from agents/td3.py, the cost side from agents/lagrange.py):
+The algorithm, top to bottom (what differs from agents/td3.py is all in this file):
 - TD3's twin reward critics, deterministic actor, target policy smoothing and delayed updates, unchanged;
-- a cost critic ensemble regresses onto c + γ(1 − terminated) Q_c,target(s', ã'), ã' the target
-  actor's action with the same clipped smoothing noise; its target follows after every step;
+- a cost critic ensemble regresses onto c + γ(1 − terminated) Q_c,target(s', ã'), ã' the target actor's
+  action with fresh clipped smoothing noise, and its target follows by Polyak averaging after every step;
 - every `policy_frequency` updates the actor descends (−Q1_r(s, π(s)) + λ Q_c(s, π(s))) / (1 + λ);
 - λ >= 0 steps on (mean cost − `cost_limit`) of the training episodes that end at a vector-env step,
   once per such step and never on the gradient updates in between (gradient or PID; agents/lagrange.py
-  gives the exact rule and how it differs from OmniSafe's).
+  gives the exact rule and how it differs from OmniSafe's);
+- the loop is TD3's, with each step's cost stored in the replay buffer and finished episodes' costs fed to λ.
 The task must report `info["cost"]` (keelrl/Safe*Velocity-v1, or an env in keelrl.envs.CostWrapper).
 """
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 
+import gymnasium as gym
 import numpy as np
 import torch
 
-from keelrl.agents.common import TrainResult, run_cli
-from keelrl.agents.lagrange import (
-    LagrangeOptions,
-    LagrangianMixin,
-    lagrangian_actor_loss,
-    train_constrained,
-    validate_lagrange,
-)
-from keelrl.agents.off_policy import evaluate
-from keelrl.agents.td3 import TD3, TD3Config
+from keelrl.agents.common import BUFFER_FILE, TrainResult, restore_rng_state, rng_state, run_cli
+from keelrl.agents.harness import Run
+from keelrl.agents.lagrange import LagrangeOptions, build_multiplier, lagrangian_actor_loss, validate_lagrange
+from keelrl.agents.td3 import TD3, TD3Config, evaluate, resolve
 from keelrl.agents.td3 import validate as validate_td3
-from keelrl.buffers import Batch
+from keelrl.buffers import Batch, ReplayBuffer
+from keelrl.envs import make_vec_env
+from keelrl.networks import build_critic, compiled, frozen, make_optimizer, optimizer_step, soft_update
 
+ALGO = "td3_lag"
 __all__ = ["TD3Lag", "TD3LagConfig", "train", "evaluate"]
 
 
 @dataclasses.dataclass
 class TD3LagConfig(LagrangeOptions, TD3Config):
     env_id: str = "keelrl/SafeHopperVelocity-v1"
-    """gymnasium id of a task that reports info["cost"] (keelrl/Safe{Hopper,HalfCheetah,Walker2d,Ant,Humanoid,Swimmer}Velocity-v1)"""
+    """a task that reports info["cost"] (keelrl/Safe{Hopper,Walker2d,HalfCheetah,Ant,Humanoid,Swimmer}Velocity-v1)"""
 
 
 def validate(config: TD3LagConfig) -> None:
@@ -48,19 +48,35 @@ def validate(config: TD3LagConfig) -> None:
     validate_lagrange(config, "TD3-Lag")
 
 
-class TD3Lag(LagrangianMixin, TD3):
+class TD3Lag(TD3):
     """TD3 plus a cost critic and a Lagrange multiplier; takes raw observations."""
 
-    algo = "td3_lag"
+    algo = ALGO
     config_cls = TD3LagConfig
-    presets = TD3.presets
 
     def __init__(self, obs_dim: int, action_low: np.ndarray, action_high: np.ndarray, config: TD3LagConfig):
         super().__init__(obs_dim, action_low, action_high, config)  # TD3's networks and optimisers
-        self.init_cost_side(obs_dim, len(action_low), config, lr=config.learning_rate)
+        # the cost critic: the reward critic's architecture with one scalar output per member, its own target
+        self.cost_critic = build_critic(config, obs_dim, len(action_low), num_outputs=1)
+        self.cost_critic_target = copy.deepcopy(self.cost_critic).requires_grad_(False)
+        self.lagrange = build_multiplier(config)
+        self.optimizers["cost_critic"] = make_optimizer(list(self.cost_critic.parameters()), config.optimizer,
+                                                        config.learning_rate, config.weight_decay)
+        self._cost_critic_loss = compiled(self.cost_critic_loss, config.compile, config.cudagraphs)
+
+    @property
+    def lagrange_multiplier(self) -> torch.Tensor:
+        return self.lagrange.value
+
+    def observe_episode_costs(self, episode_costs: np.ndarray, global_step: int) -> None:
+        """One λ step on the mean undiscounted cost of the training episodes that ended at this vector-env
+        step (the only place λ changes), unless global_step <= lambda_warmup."""
+        if global_step > self.config.lambda_warmup:
+            self.lagrange.update(float(np.mean(episode_costs)))
 
     def learn(self, batch: Batch) -> dict[str, torch.Tensor]:
-        """TD3's update (its actor loss is the Lagrangian one below), then one cost critic step."""
+        """TD3's update (with the Lagrangian actor loss below), then one cost critic step on freshly smoothed
+        target actions."""
         losses = super().learn(batch)
         with torch.no_grad():
             next_actions = self.smoothed_target_actions(batch.next_obs)
@@ -70,18 +86,110 @@ class TD3Lag(LagrangianMixin, TD3):
     def actor_loss(self, obs: torch.Tensor) -> torch.Tensor:
         """(−Q1(s, π(s)) + λ Q_c(s, π(s))) / (1 + λ): the first reward critic, as in the TD3 paper."""
         actions = self.actor(obs)
-        q_pi = self.q_values(obs, actions, first_only=True).squeeze(0)  # (1, B) -> (B,)
-        return lagrangian_actor_loss(-q_pi, self.cost_values(obs, actions), self.lagrange_multiplier)
+        q1 = self.first_critic_value(obs, actions)
+        cost_q = self.cost_critic(obs, actions).squeeze(-1).mean(dim=0)  # (E, B, 1) -> (B,): the ensemble's mean
+        return lagrangian_actor_loss(-q1, cost_q, self.lagrange_multiplier)
 
-    def _update_actor(self, obs: torch.Tensor) -> torch.Tensor:
-        with self.frozen_cost_critic():
-            return super()._update_actor(obs)
+    def update_actor(self, obs: torch.Tensor) -> dict[str, torch.Tensor]:
+        with frozen(self.cost_critic):  # the actor loss needs gradients w.r.t. actions only
+            return super().update_actor(obs)
+
+    def cost_critic_loss(self, batch: Batch, next_actions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Every cost critic's squared error against c + γ(1 − terminated) Q_c,target(s', a'), summed, and the
+        cost critics' outputs (E, B)."""
+        with torch.no_grad():
+            next_cost_q = self.cost_critic_target(batch.next_obs, next_actions).squeeze(-1).mean(dim=0)  # (B,)
+            target = batch.costs + batch.discounts * (1.0 - batch.terminated) * next_cost_q
+        cost_q = self.cost_critic(batch.obs, batch.actions).squeeze(-1)  # (E, B, 1) -> (E, B)
+        return (cost_q - target).pow(2).mean(dim=1).sum(), cost_q.detach()
+
+    def cost_critic_step(self, batch: Batch, next_actions: torch.Tensor) -> dict[str, torch.Tensor]:
+        """One optimiser step of the cost critics, then their targets follow by Polyak averaging."""
+        cost_loss, cost_q = self._cost_critic_loss(batch, next_actions)
+        optimizer_step(self.optimizers["cost_critic"], cost_loss, self.cost_critic)
+        soft_update(list(self.cost_critic_target.parameters()), list(self.cost_critic.parameters()), self.config.tau)
+        return {"losses/cost_qf_loss": cost_loss.detach() / cost_q.shape[0], "losses/cost_qf_values": cost_q.mean(),
+                "losses/lagrange_multiplier": self.lagrange.value.clone()}
 
 
 def train(config: TD3LagConfig) -> TrainResult:
-    """Train TD3-Lag until `config.total_timesteps` environment steps (see agents/off_policy.py); prints the
-    final evaluation cost beside the limit."""
-    return train_constrained(TD3Lag, config, validate)
+    """TD3's loop with costs: stored per step, fed to λ per batch of finished episodes; the final evaluation
+    cost is reported beside the limit."""
+    if config.resume is None:
+        config = resolve(config)
+    run = Run(config, ALGO, validate, total="total_timesteps")
+    config = run.config
+    env = make_vec_env(config.env_id, config.num_envs, config.seed + run.step, config.env_backend)
+    if not isinstance(env.single_action_space, gym.spaces.Box):
+        env.close()
+        raise ValueError(f"TD3-Lag needs a continuous (Box) action space; {config.env_id!r} has "
+                         f"{env.single_action_space}.")
+    obs_dim = int(np.prod(env.single_observation_space.shape))
+    low, high = env.single_action_space.low, env.single_action_space.high
+    agent = TD3Lag(obs_dim, low, high, config).to(config.device)
+    buffer = ReplayBuffer(config.buffer_size, (obs_dim,), low.shape, config.num_envs, config.device, config.n_step,
+                          config.gamma, store_cost=True, seed=config.seed)
+    action_rng = np.random.default_rng(config.seed)
+    if run.resumed:
+        if not (run.dir / BUFFER_FILE).is_file():
+            raise FileNotFoundError(f"--resume {run.dir}: {BUFFER_FILE} is missing (it is written with every "
+                                    f"checkpoint); the run cannot continue without its replay buffer.")
+        with run.restoring():
+            agent.load_training_state(run.checkpoint["agent"])
+            restore_rng_state(run.checkpoint["rng"], action_rng)
+        with run.restoring(BUFFER_FILE):
+            buffer.load(run.dir / BUFFER_FILE)
+        buffer.end_episodes()
+        if agent.reward_scaler is not None:
+            agent.reward_scaler.reset_returns()
+
+    run.open(config.env_id)  # after the restore: a damaged checkpoint fails before the logs are cut back to it
+
+    def write_checkpoint() -> None:
+        buffer.save(run.dir / BUFFER_FILE)
+        run.save_checkpoint(agent=agent.training_state(), rng=rng_state(action_rng))
+
+    def run_evaluation() -> tuple[np.ndarray, np.ndarray]:
+        returns, costs = evaluate(agent, config.env_id, config.eval_episodes, config.seed + 10_000)
+        run.evaluation(returns, costs)
+        return returns, costs
+
+    losses = {}
+    obs, _ = env.reset()
+    with run:
+        try:
+            while not run.done:
+                if config.normalize_obs:
+                    agent.obs_norm.update(torch.as_tensor(obs))
+                if run.step < config.learning_starts:
+                    actions = action_rng.uniform(low, high, (config.num_envs, *low.shape)).astype(np.float32)
+                else:
+                    actions = agent.act(obs)
+                with run.stepping_env(config.num_envs):
+                    next_obs, rewards, terminated, truncated, info = env.step(actions)
+                buffer.add(obs, actions, rewards, info["final_obs"], terminated, truncated, info["cost"])
+                if agent.reward_scaler is not None:
+                    agent.reward_scaler.update(rewards, terminated | truncated)
+                obs = next_obs
+                run.advance(config.num_envs)
+                episode_costs = run.vector_episodes(info)
+                if len(episode_costs):
+                    agent.observe_episode_costs(episode_costs, run.step)
+                if run.step > config.learning_starts:
+                    run.updates_began()
+                    for _ in range(config.num_envs * config.utd):
+                        losses = agent.update(buffer.sample(config.batch_size))
+                run.log(losses)
+                run.periodic(run_evaluation, write_checkpoint)
+            returns, costs = run.finish(run_evaluation, write_checkpoint, agent.save)
+        finally:
+            env.close()
+    verdict = "met" if costs.mean() <= config.cost_limit else "NOT met"
+    run.report(returns, f"steps/s: {run.loop_speed():.1f} overall, {run.update_speed():.1f} while updating",
+               f"final evaluation cost over {len(costs)} episodes: {costs.mean():.1f} ± {costs.std():.1f} "
+               f"(cost limit {config.cost_limit:g}: {verdict})")
+    return TrainResult(run_dir=run.dir, global_step=run.step, final_eval_returns=returns, sps=run.loop_speed(),
+                       update_sps=run.update_speed(), final_eval_costs=costs)
 
 
 if __name__ == "__main__":

@@ -24,12 +24,12 @@ import numpy as np
 import torch
 import tyro
 
-from keelrl.agents.off_policy import apply_preset
-from keelrl.agents.sac import SAC, SACConfig
-from keelrl.agents.td3 import TD3, TD3Config
+from keelrl.agents import sac, td3
+from keelrl.agents.harness import apply_preset
 from keelrl.buffers import ReplayBuffer
+from keelrl.networks.builders import with_default_support
 
-AGENTS = {"sac": (SAC, SACConfig), "td3": (TD3, TD3Config)}
+AGENTS = {"sac": (sac.SAC, sac.SACConfig, sac.PRESETS), "td3": (td3.TD3, td3.TD3Config, td3.PRESETS)}
 
 
 @dataclasses.dataclass
@@ -84,8 +84,9 @@ def timed_settings(args: Args) -> list[tuple[str, dict]]:
 
 
 def cpu_ms_per_update(algo: str, options: dict, args: Args) -> list[float]:
-    agent_cls, config_cls = AGENTS[algo]
-    config = apply_preset(config_cls(**options), agent_cls.presets)
+    agent_cls, config_cls, presets = AGENTS[algo]
+    config = apply_preset(config_cls(**options), presets)
+    config = with_default_support(config, config.scale_rewards)
     torch.manual_seed(0)
     agent = agent_cls(args.obs_dim, -np.ones(args.action_dim), np.ones(args.action_dim), config)
     buffer = filled_buffer(args.obs_dim, args.action_dim)

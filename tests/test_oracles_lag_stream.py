@@ -30,9 +30,9 @@ from keelrl.agents.sac_lag import SACLag, SACLagConfig
 from keelrl.agents.stream_ac import StreamAC, StreamACConfig
 from keelrl.agents.stream_q import StreamQ, StreamQConfig
 from keelrl.agents.stream_td import StreamTD, StreamTDConfig
-from keelrl.agents.streaming import Transition
 from keelrl.agents.td3_lag import TD3Lag, TD3LagConfig
 from keelrl.buffers import Batch
+from keelrl.envs.streaming_wrappers import Transition
 
 OBS_DIM, ACTION_DIM, BATCH = 3, 2, 6
 LOW = np.array([-1.0, -2.0], np.float32)  # asymmetric bounds: action scale (1, 1.25), bias (0, -0.75)
@@ -216,9 +216,9 @@ def test_sac_lag_one_update_matches_an_independent_oracle(monkeypatch):
 
     # --- the agent, with spies on its reward target and on the cost target critic's inputs/outputs
     seen = {}
-    regression = agent.critic_regression_loss
-    monkeypatch.setattr(agent, "critic_regression_loss",
-                        lambda batch_, target: (seen.setdefault("reward_target", target.clone()), regression(batch_, target))[1])
+    head_loss = agent.head.loss  # the reward critics' loss against their target (the cost critics' is not the head's)
+    monkeypatch.setattr(agent.head, "loss", lambda outputs, target: (
+        seen.setdefault("reward_target", target.clone()), head_loss(outputs, target))[1])
     hook = agent.cost_critic_target.register_forward_hook(
         lambda module, inputs, output: seen.update(cost_next=(inputs[1].clone(), output.clone())))
     fixed = FixedNoise(noise)
@@ -313,9 +313,9 @@ def test_td3_lag_one_update_matches_an_independent_oracle(monkeypatch):
     cost_t_new = polyak(cost_t, cost_new, tau)
 
     seen = {}
-    regression = agent.critic_regression_loss
-    monkeypatch.setattr(agent, "critic_regression_loss",
-                        lambda batch_, target: (seen.setdefault("reward_target", target.clone()), regression(batch_, target))[1])
+    head_loss = agent.head.loss  # the reward critics' loss against their target (the cost critics' is not the head's)
+    monkeypatch.setattr(agent.head, "loss", lambda outputs, target: (
+        seen.setdefault("reward_target", target.clone()), head_loss(outputs, target))[1])
     hook = agent.cost_critic_target.register_forward_hook(
         lambda module, inputs, output: seen.update(cost_next=(inputs[1].clone(), output.clone())))
     fixed = FixedNoise(noise)

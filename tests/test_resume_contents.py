@@ -5,7 +5,7 @@ logs, step counts and counters: a resumed SAC run that forgot its replay buffer,
 passes them. These tests check contents: after an interruption and `--resume`, the state the run goes
 on from EQUALS, bit for bit, the live state of the interrupted run at the moment it wrote the
 checkpoint it resumes from:
-- off-policy (SAC, TD3, SAC-Lag): the replay buffer (every stored field, position, size, sampling
+- off-policy (SAC, TD3, SAC-Lag, TD3-Lag): the replay buffer (every stored field, position, size, sampling
   generator), every optimiser's state (Adam's exp_avg / exp_avg_sq / step, its param groups), the
   observation normaliser, the reward scaler, λ and the PID state, the random states (python, numpy,
   torch), the networks and the update counter;
@@ -37,7 +37,7 @@ import numpy as np
 import pytest
 import torch
 
-from keelrl.agents import cql, iql, off_policy, offline_common, sac, sac_lag, stream_ac, stream_q, streaming, td3
+from keelrl.agents import cql, harness, iql, sac, sac_lag, stream_ac, stream_q, td3, td3_lag
 from keelrl.agents.common import CHECKPOINT_FILE
 from keelrl.benchmarks.make_datasets import collect
 from keelrl.buffers import ReplayBuffer
@@ -145,7 +145,9 @@ class Run:
     """One training loop run in this process: its live agent, buffer, env and numpy generator, the
     snapshots taken as it wrote checkpoints, and the snapshot taken right after a resume restored."""
 
-    def __init__(self, monkeypatch, loop, agent_cls, snapshot):
+    def __init__(self, monkeypatch, loop, agent_cls, snapshot, rng_module=None):
+        """`loop`: the module whose `save_checkpoint` and `RunLogger` the run calls; `rng_module`: the one
+        whose `rng_state` and `restore_rng_state` it calls (default: `loop`)."""
         self.live: dict[str, Any] = {}
         self.saved: list[tuple[int, dict]] = []  # (global step, snapshot) of each checkpoint written
         self.restored: list[tuple[int, dict]] = []  # (global step resumed at, snapshot) after a restore
@@ -166,7 +168,8 @@ class Run:
 
         self.agent_cls = Recording
         real_save, real_logger = loop.save_checkpoint, loop.RunLogger
-        real_rng_state, real_restore = loop.rng_state, loop.restore_rng_state
+        rng_module = rng_module or loop
+        real_rng_state, real_restore = rng_module.rng_state, rng_module.restore_rng_state
 
         def save_and_snapshot(path, state):
             if Path(path).name == CHECKPOINT_FILE:  # not model.pt, which agent.save writes with it
@@ -188,8 +191,8 @@ class Run:
 
         monkeypatch.setattr(loop, "save_checkpoint", save_and_snapshot)
         monkeypatch.setattr(loop, "RunLogger", logger_after_restore)
-        monkeypatch.setattr(loop, "rng_state", rng_state)
-        monkeypatch.setattr(loop, "restore_rng_state", restore_rng_state)
+        monkeypatch.setattr(rng_module, "rng_state", rng_state)
+        monkeypatch.setattr(rng_module, "restore_rng_state", restore_rng_state)
 
     def interrupt_and_resume(self, train, config, resume_config, kill_at: int) -> tuple[dict, dict, Any]:
         """Run `config` until `kill_at` updates, then resume it; the snapshot at the checkpoint it resumed
@@ -210,7 +213,7 @@ class Run:
 
 
 # --------------------------------------------------------------------------------------------------
-# off-policy: SAC, TD3, SAC-Lag
+# off-policy: SAC, TD3, SAC-Lag, TD3-Lag
 
 BUFFER_FIELDS = ("obs", "next_obs", "actions", "rewards", "terminated", "truncated", "costs")
 
@@ -244,15 +247,16 @@ def off_policy_snapshot(live: dict) -> dict:
     return copy.deepcopy(state)
 
 
-def off_policy_run(monkeypatch, agent_cls) -> Run:
-    run = Run(monkeypatch, off_policy, agent_cls, off_policy_snapshot)
+def off_policy_run(monkeypatch, module, agent_cls) -> Run:
+    run = Run(monkeypatch, harness, agent_cls, off_policy_snapshot, rng_module=module)
+    monkeypatch.setattr(module, agent_cls.__name__, run.agent_cls)  # the agent file's loop builds the recording agent
 
     class RecordingBuffer(ReplayBuffer):
         def __init__(self, *args, **kwargs):
             super().__init__(*args, **kwargs)
             run.live["buffer"] = self
 
-    monkeypatch.setattr(off_policy, "ReplayBuffer", RecordingBuffer)
+    monkeypatch.setattr(module, "ReplayBuffer", RecordingBuffer)
     return run
 
 
@@ -272,6 +276,10 @@ OFF_POLICY_CASES = {
     "sac_lag": (sac_lag, sac_lag.SACLag, sac_lag.SACLagConfig,
                 dict(env_id="keelrl_test/ResumeDriftCost-v0", multiplier="pid", cost_limit=3.0, lambda_init=0.1,
                      pid_kp=0.05, pid_ki=0.02, pid_kd=0.01)),
+    # reward scaling and the PID multiplier on TD3's update
+    "td3_lag": (td3_lag, td3_lag.TD3Lag, td3_lag.TD3LagConfig,
+                dict(env_id="keelrl_test/ResumeDriftCost-v0", scale_rewards=True, multiplier="pid", cost_limit=3.0,
+                     lambda_init=0.1, pid_kp=0.05, pid_ki=0.02, pid_kd=0.01)),
 }
 
 
@@ -281,11 +289,10 @@ def test_off_policy_resume_restores_buffer_optimizers_normalizers_multiplier_rng
     """Checkpoint at step 160, killed about step 190, resumed: everything the resumed run starts from
     equals what the run held at step 160. The 128-row buffer has wrapped (pos ≠ size)."""
     module, agent_cls, config_cls, options = OFF_POLICY_CASES[algo]
-    run = off_policy_run(monkeypatch, agent_cls)
+    run = off_policy_run(monkeypatch, module, agent_cls)
     config = config_cls(**OFF_POLICY_COMMON, **options, runs_dir=str(tmp_path))
-    train = lambda c: off_policy.train_off_policy(run.agent_cls, c, module.validate)  # noqa: E731
     saved, restored, result = run.interrupt_and_resume(
-        train, config, lambda run_dir: config_cls(resume=str(run_dir), quiet=True), kill_at=KILL_AT)
+        module.train, config, lambda run_dir: config_cls(resume=str(run_dir), quiet=True), kill_at=KILL_AT)
     assert result.global_step == TOTAL
 
     # the saved state is worth restoring: a wrapped buffer, moved optimisers, statistics, λ
@@ -298,9 +305,9 @@ def test_off_policy_resume_restores_buffer_optimizers_normalizers_multiplier_rng
     assert saved["obs_norm"]["count"].item() == CHECKPOINT_AT
     if algo == "sac":
         assert saved["optimizers"]["actor"]["param_groups"][0]["lr"] < 3e-4  # decayed
-    if algo != "sac_lag":
+    if options.get("scale_rewards"):
         assert saved["reward_scaler"]["count"].item() == CHECKPOINT_AT
-    else:
+    if options.get("multiplier") == "pid":
         assert saved["lambda"].item() != pytest.approx(0.1) and saved["lagrange"]["integral"].item() > 0
         assert not saved["lagrange"]["previous_cost"].isnan()
 
@@ -326,19 +333,18 @@ def resumed_n_step_sac(tmp_path_factory):
     """A SAC run with 3-step returns and reward scaling, killed and resumed (one env, 1000-row buffer);
     its live buffer, and the reward scaler's per-env return trace as each `RewardScaler.update` began."""
     traces = []
-    update = off_policy.RewardScaler.update
+    update = sac.RewardScaler.update
 
     def recording_update(self, rewards, dones):
         traces.append(self.returns.clone())
         return update(self, rewards, dones)
 
     with pytest.MonkeyPatch.context() as monkeypatch:
-        monkeypatch.setattr(off_policy.RewardScaler, "update", recording_update)
-        run = off_policy_run(monkeypatch, sac.SAC)
+        monkeypatch.setattr(sac.RewardScaler, "update", recording_update)
+        run = off_policy_run(monkeypatch, sac, sac.SAC)
         config = sac.SACConfig(**{**OFF_POLICY_COMMON, "buffer_size": 1000}, n_step=3, scale_rewards=True,
                                env_id="keelrl_test/ResumeDrift-v0", runs_dir=str(tmp_path_factory.mktemp("n_step")))
-        train = lambda c: off_policy.train_off_policy(run.agent_cls, c, sac.validate)  # noqa: E731
-        run.interrupt_and_resume(train, config, lambda run_dir: sac.SACConfig(resume=str(run_dir), quiet=True),
+        run.interrupt_and_resume(sac.train, config, lambda run_dir: sac.SACConfig(resume=str(run_dir), quiet=True),
                                  kill_at=KILL_AT)
     assert run.restored[0][0] == CHECKPOINT_AT and CHECKPOINT_AT % DriftEnv.episode_steps == 10  # mid-episode
     return run.live["buffer"], traces
@@ -410,16 +416,16 @@ def offline_config(algo, data, runs_dir, **overrides):
 
 def offline_run(monkeypatch, algo):
     module, agent_cls, config_cls, _ = OFFLINE_CASES[algo]
-    run = Run(monkeypatch, offline_common, agent_cls, offline_snapshot)
+    run = Run(monkeypatch, harness, agent_cls, offline_snapshot, rng_module=module)
+    monkeypatch.setattr(module, agent_cls.__name__, run.agent_cls)  # the agent file's loop builds the recording agent
 
     class RecordingDataset(DatasetBuffer):
         def __init__(self, *args, **kwargs):
             super().__init__(*args, **kwargs)
             run.live["buffer"] = self
 
-    monkeypatch.setattr(offline_common, "DatasetBuffer", RecordingDataset)
-    train = lambda c: offline_common.train_offline(run.agent_cls, c, module.validate)  # noqa: E731
-    return run, train, lambda run_dir: config_cls(resume=str(run_dir), quiet=True)
+    monkeypatch.setattr(module, "DatasetBuffer", RecordingDataset)
+    return run, module.train, lambda run_dir: config_cls(resume=str(run_dir), quiet=True)
 
 
 @pytest.mark.parametrize("algo", list(OFFLINE_CASES))
@@ -483,8 +489,9 @@ def test_streaming_resume_restores_networks_obgd_statistics_and_rng(algo, tmp_pa
     100. (The eligibility traces are zeroed after the restore by design, as a new episode starts: see
     test_streaming.py; a straight run's stream differs from the resumed one's for the same reason.)"""
     module, agent_cls, config_cls, options = STREAMING_CASES[algo]
-    run = Run(monkeypatch, streaming, agent_cls, streaming_snapshot)
-    make_env = streaming.make_env
+    run = Run(monkeypatch, harness, agent_cls, streaming_snapshot, rng_module=module)
+    monkeypatch.setattr(module, agent_cls.__name__, run.agent_cls)  # the agent file's loop builds the recording agent
+    make_env = module.make_env
 
     def recording_make_env(config, env_id=None):
         env = make_env(config, env_id)
@@ -492,12 +499,11 @@ def test_streaming_resume_restores_networks_obgd_statistics_and_rng(algo, tmp_pa
             run.live["env"] = env
         return env
 
-    monkeypatch.setattr(streaming, "make_env", recording_make_env)
+    monkeypatch.setattr(module, "make_env", recording_make_env)
     config = config_cls(**options, total_timesteps=200, hidden_sizes=(8, 8), adaptive=True, eval_freq=0,
                         eval_episodes=1, checkpoint_freq=100, log_freq=50, runs_dir=str(tmp_path), quiet=True)
-    train = lambda c: streaming.train_streaming(run.agent_cls, c, module.validate)  # noqa: E731
     saved, restored, result = run.interrupt_and_resume(
-        train, config, lambda run_dir: config_cls(resume=str(run_dir), quiet=True), kill_at=150)
+        module.train, config, lambda run_dir: config_cls(resume=str(run_dir), quiet=True), kill_at=150)
     assert result.global_step == 200
     assert saved["num_updates"] == 100 and saved["obs_normalizer"]["count"] >= 100
     assert saved["reward_scaler"]["count"] == 100

@@ -57,10 +57,10 @@ def test_critic_loss_falls_on_a_fixed_batch(fixed_batch):
         q = agent.critic(batch.obs, batch.actions).squeeze(-1).double()
     assert (noise.abs() == 0.5).any()  # the clip is part of the check
     torch.manual_seed(21)
-    first = agent._update_critic(batch)
+    first = agent.update_critic(batch)
     assert first["losses/qf_loss"].item() == pytest.approx(((q - y) ** 2).mean(dim=1).mean().item(), rel=1e-5)
     assert first["losses/qf_values"].item() == pytest.approx(q.mean().item(), rel=1e-5, abs=1e-6)
-    losses = [first["losses/qf_loss"].item()] + [agent._update_critic(batch)["losses/qf_loss"].item()
+    losses = [first["losses/qf_loss"].item()] + [agent.update_critic(batch)["losses/qf_loss"].item()
                                                   for _ in range(299)]
     assert losses[-1] < 0.2 * losses[0]
 
@@ -68,15 +68,15 @@ def test_critic_loss_falls_on_a_fixed_batch(fixed_batch):
 def test_actor_ascends_the_first_critic(fixed_batch):
     agent = make_agent()
     for _ in range(100):
-        agent._update_critic(fixed_batch)
+        agent.update_critic(fixed_batch)
     with torch.no_grad():  # −mean Q1(s, μ(s)), the first critic only
         q_all = agent.critic(fixed_batch.obs, agent.actor(fixed_batch.obs)).squeeze(-1).double()
     critic_before = [p.clone() for p in agent.critic.parameters()]
-    first = agent._update_actor(fixed_batch.obs).item()
+    first = agent.update_actor(fixed_batch.obs)["losses/actor_loss"].item()
     assert first == pytest.approx(-q_all[0].mean().item(), rel=1e-5)
     assert first != pytest.approx(-q_all.min(dim=0).values.mean().item(), rel=1e-3)  # not the twin minimum
     assert all(torch.equal(a, b) for a, b in zip(critic_before, agent.critic.parameters()))  # the critic stays
-    losses = [first] + [agent._update_actor(fixed_batch.obs).item() for _ in range(99)]
+    losses = [first] + [agent.update_actor(fixed_batch.obs)["losses/actor_loss"].item() for _ in range(99)]
     assert np.mean(losses[-10:]) < np.mean(losses[:10])
 
 
@@ -90,7 +90,7 @@ def test_target_smoothing_noise_is_clipped(fixed_batch, monkeypatch):
         return target_critic_forward(obs, actions)
 
     monkeypatch.setattr(agent.critic_target, "forward", spy)
-    agent._update_critic(fixed_batch)
+    agent.update_critic(fixed_batch)
     offset = seen["actions"] - agent.actor_target(fixed_batch.next_obs)
     assert offset.abs().max() <= 0.5 + 1e-6  # noise_clip × action scale 1
     assert offset.abs().max() > 0.45  # and the clip was reached with std 10
