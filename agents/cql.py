@@ -43,9 +43,8 @@ from keelrl.agents.common import (
     run_cli,
     save_checkpoint,
 )
-from keelrl.agents.harness import Run, RunOptions, agent_module, validate_run_options
+from keelrl.agents.harness import Run, RunOptions, load_attacker, validate_run_options
 from keelrl.buffers import Batch
-from keelrl.buffers.corruption import Policy, QFunction, attack_model_algo
 from keelrl.buffers.offline import (
     DatasetBuffer,
     DatasetOptions,
@@ -204,6 +203,8 @@ class CQL(nn.Module):
             orthogonal_init_(self.critic)
         self.critic_target = CriticEnsemble(obs_dim, action_dim, hidden, config.num_critics).requires_grad_(False)
         self.critic_target.load_state_dict(self.critic.state_dict())
+        # the parameter lists Polyak averaging walks, gathered once (the tensors stay the same objects)
+        self.polyak_target, self.polyak_online = list(self.critic_target.parameters()), list(self.critic.parameters())
         self.log_alpha = nn.Parameter(torch.tensor(float(np.log(config.alpha))), requires_grad=config.autotune)
         self.target_entropy = config.target_entropy_scale * action_dim
         # the log-density of a uniform action in the box, subtracted from its Q under importance sampling
@@ -258,7 +259,7 @@ class CQL(nn.Module):
             losses["losses/alpha_loss"] = alpha_loss.detach()
         optimizer_step(self.optimizers["actor"], actor_loss, self.actor)
         optimizer_step(self.optimizers["critic"], critic_loss, self.critic)
-        soft_update(list(self.critic_target.parameters()), list(self.critic.parameters()), self.config.tau)
+        soft_update(self.polyak_target, self.polyak_online, self.config.tau)
         self.num_updates += 1
         return {**losses, **critic_losses}
 
@@ -351,14 +352,6 @@ class CQL(nn.Module):
 def evaluate(agent: CQL, env_id: str, episodes: int = 10, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
     """Returns and costs of `episodes` episodes of the agent's deterministic policy."""
     return evaluate_policy(lambda obs: agent.act(obs, deterministic=True), env_id, episodes, seed)
-
-
-def load_attacker(path: str) -> tuple[QFunction, Policy]:
-    """The critic and deterministic policy, on raw observations, of the keelrl offline agent saved at `path`:
-    what --corruption-mode adversarial perturbs the dataset against."""
-    algo = attack_model_algo(path)
-    attacker = getattr(agent_module(algo), algo.upper()).load(path).requires_grad_(False)  # CQL, IQL or RIQL
-    return attacker.attack_q, attacker.attack_policy
 
 
 def train(config: CQLConfig) -> TrainResult:

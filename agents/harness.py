@@ -18,8 +18,8 @@ An agent file writes its own loop, CleanRL-style, and hands the run's plumbing t
 
 `RunOptions` declares the options every run has once; each algorithm's config extends it with its
 hyperparameters (and may give an option another default, e.g. a larger checkpoint interval).
-`ALGORITHMS` names every agent module; every lookup by name (the leaderboard, the offline agents'
-loader) goes through `agent_module`.
+`ALGORITHMS` names every agent module, and `agent_module` looks one up by name (the adversarial
+corruption's `load_attacker` does; the leaderboard still imports modules by name itself).
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ from typing import Any
 import numpy as np
 
 from keelrl.agents.common import (
+    BUFFER_FILE,
     CHECKPOINT_FILE,
     DEFAULT_THREADS,
     RunLogger,
@@ -48,6 +49,8 @@ from keelrl.agents.common import (
     set_threads,
     start_or_resume,
 )
+from keelrl.buffers import ReplayBuffer
+from keelrl.buffers.corruption import Policy, QFunction, attack_model_algo
 
 ALGORITHMS = ("sac", "td3", "sac_lag", "td3_lag", "cql", "iql", "riql", "stream_td", "stream_q", "stream_ac", "grpo")
 """Every agent, by the name its runs record and its module under keelrl.agents carries."""
@@ -72,6 +75,14 @@ def agent_module(algo: str) -> ModuleType:
     if algo not in ALGORITHMS:
         raise ValueError(f"unknown algorithm {algo!r}; keelrl has {', '.join(ALGORITHMS)}.")
     return importlib.import_module(f"keelrl.agents.{algo}")
+
+
+def load_attacker(path: str) -> tuple[QFunction, Policy]:
+    """The critic and deterministic policy, on raw observations, of the keelrl offline agent (CQL, IQL or RIQL)
+    saved at `path`: what --corruption-mode adversarial perturbs the dataset against."""
+    algo = attack_model_algo(path)
+    attacker = getattr(agent_module(algo), algo.upper()).load(path).requires_grad_(False)
+    return attacker.attack_q, attacker.attack_policy
 
 
 @dataclasses.dataclass
@@ -243,6 +254,20 @@ class Run:
         self.logger.evaluation(self.step, returns, np.zeros_like(returns) if costs is None else costs)
         if scalars:
             self.logger.scalars(scalars, self.step)
+
+    def restore_replay(self, buffer: ReplayBuffer) -> None:
+        """The replay buffer saved with the checkpoint (one line naming the file if it is missing or damaged);
+        the envs restart, so the interrupted episodes end where the checkpoint cut them."""
+        if not (self.dir / BUFFER_FILE).is_file():
+            raise FileNotFoundError(f"--resume {self.dir}: {BUFFER_FILE} is missing (it is written with every "
+                                    f"checkpoint); the run cannot continue without its replay buffer.")
+        with self.restoring(BUFFER_FILE):
+            buffer.load(self.dir / BUFFER_FILE)
+        buffer.end_episodes()
+
+    def save_replay(self, buffer: ReplayBuffer) -> None:
+        """The replay buffer, beside the checkpoint (write it with every checkpoint)."""
+        buffer.save(self.dir / BUFFER_FILE)
 
     def save_checkpoint(self, **state: Any) -> None:
         """checkpoint.pt (atomically): the algorithm, the step and `state` (tensors and plain values)."""

@@ -43,9 +43,8 @@ from keelrl.agents.common import (
     run_cli,
     save_checkpoint,
 )
-from keelrl.agents.harness import Run, RunOptions, agent_module, validate_run_options
+from keelrl.agents.harness import Run, RunOptions, load_attacker, validate_run_options
 from keelrl.buffers import Batch
-from keelrl.buffers.corruption import Policy, QFunction, attack_model_algo
 from keelrl.buffers.offline import (
     DatasetBuffer,
     DatasetOptions,
@@ -204,6 +203,8 @@ class IQL(nn.Module):
             edac_init_(self.critic)
         self.critic_target = CriticEnsemble(obs_dim, action_dim, hidden, config.num_critics).requires_grad_(False)
         self.critic_target.load_state_dict(self.critic.state_dict())
+        # the parameter lists Polyak averaging walks, gathered once (the tensors stay the same objects)
+        self.polyak_target, self.polyak_online = list(self.critic_target.parameters()), list(self.critic.parameters())
         self.value = mlp(obs_dim, hidden, 1)  # -> (B, 1)
         if config.deterministic_actor:
             self.actor = DeterministicActor(obs_dim, action_low, action_high, hidden)
@@ -262,7 +263,7 @@ class IQL(nn.Module):
             next_v = self.value(batch.next_obs)[:, 0]  # (B, 1) -> (B,)
         value_loss, advantage = self.update_value(batch.obs, target_q)
         q_loss, q = self.update_critic(batch, next_v)
-        soft_update(list(self.critic_target.parameters()), list(self.critic.parameters()), self.config.tau)
+        soft_update(self.polyak_target, self.polyak_online, self.config.tau)
         actor_loss = self.update_actor(batch, advantage)
         self.num_updates += 1
         return {"losses/qf_loss": q_loss, "losses/vf_loss": value_loss, "losses/actor_loss": actor_loss,
@@ -335,14 +336,6 @@ class IQL(nn.Module):
 def evaluate(agent: IQL, env_id: str, episodes: int = 10, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
     """Returns and costs of `episodes` episodes of the agent's deterministic policy."""
     return evaluate_policy(lambda obs: agent.act(obs, deterministic=True), env_id, episodes, seed)
-
-
-def load_attacker(path: str) -> tuple[QFunction, Policy]:
-    """The critic and deterministic policy, on raw observations, of the keelrl offline agent saved at `path`:
-    what --corruption-mode adversarial perturbs the dataset against."""
-    algo = attack_model_algo(path)
-    attacker = getattr(agent_module(algo), algo.upper()).load(path).requires_grad_(False)  # CQL, IQL or RIQL
-    return attacker.attack_q, attacker.attack_policy
 
 
 def train(config: IQLConfig) -> TrainResult:

@@ -24,13 +24,11 @@ import os
 from pathlib import Path
 from typing import ClassVar, Literal
 
-import gymnasium as gym
 import numpy as np
 import torch
 from torch import nn
 
 from keelrl.agents.common import (
-    BUFFER_FILE,
     TrainResult,
     evaluate_policy,
     load_checkpoint,
@@ -41,7 +39,7 @@ from keelrl.agents.common import (
 )
 from keelrl.agents.harness import Run, RunOptions, apply_preset, validate_run_options
 from keelrl.buffers import Batch, ReplayBuffer
-from keelrl.envs import make_vec_env
+from keelrl.envs import make_vec_env, require_box_actions
 from keelrl.networks import (
     CriticEnsemble,
     NetworkOptions,
@@ -187,6 +185,9 @@ class TD3(nn.Module):
         self.critic_target = copy.deepcopy(self.critic).requires_grad_(False)
         self.actor = build_actor(config, obs_dim, action_low, action_high, stochastic=False)
         self.actor_target = copy.deepcopy(self.actor).requires_grad_(False)
+        # the parameter lists Polyak averaging walks, gathered once (the tensors stay the same objects)
+        self.polyak_target = [*self.actor_target.parameters(), *self.critic_target.parameters()]
+        self.polyak_online = [*self.actor.parameters(), *self.critic.parameters()]
         self.optimizers = {
             "actor": make_optimizer(list(self.actor.parameters()), config.optimizer, config.learning_rate,
                                     config.weight_decay),
@@ -228,8 +229,7 @@ class TD3(nn.Module):
         losses = self.update_critic(batch)
         if self.num_updates % self.config.policy_frequency == 0:
             losses.update(self.update_actor(batch.obs))
-            soft_update([*self.actor_target.parameters(), *self.critic_target.parameters()],
-                        [*self.actor.parameters(), *self.critic.parameters()], self.config.tau)
+            soft_update(self.polyak_target, self.polyak_online, self.config.tau)
         return losses
 
     def smoothed_target_actions(self, next_obs: torch.Tensor) -> torch.Tensor:
@@ -315,10 +315,7 @@ def train(config: TD3Config) -> TrainResult:
     config = run.config
     # a resumed run starts fresh episodes: envs are reseeded from the step they resume at
     env = make_vec_env(config.env_id, config.num_envs, config.seed + run.step, config.env_backend)
-    if not isinstance(env.single_action_space, gym.spaces.Box):
-        env.close()
-        raise ValueError(f"TD3 needs a continuous (Box) action space; {config.env_id!r} has "
-                         f"{env.single_action_space}. Use a discrete-action agent for it.")
+    require_box_actions(env, "TD3")
     obs_dim = int(np.prod(env.single_observation_space.shape))
     low, high = env.single_action_space.low, env.single_action_space.high
     agent = TD3(obs_dim, low, high, config).to(config.device)
@@ -326,22 +323,17 @@ def train(config: TD3Config) -> TrainResult:
                           config.gamma, seed=config.seed)
     action_rng = np.random.default_rng(config.seed)
     if run.resumed:
-        if not (run.dir / BUFFER_FILE).is_file():
-            raise FileNotFoundError(f"--resume {run.dir}: {BUFFER_FILE} is missing (it is written with every "
-                                    f"checkpoint); the run cannot continue without its replay buffer.")
         with run.restoring():
             agent.load_training_state(run.checkpoint["agent"])
             restore_rng_state(run.checkpoint["rng"], action_rng)
-        with run.restoring(BUFFER_FILE):
-            buffer.load(run.dir / BUFFER_FILE)
-        buffer.end_episodes()  # the envs restart: the interrupted episodes end where the checkpoint cut them
+        run.restore_replay(buffer)  # the interrupted episodes end where the checkpoint cut them
         if agent.reward_scaler is not None:
             agent.reward_scaler.reset_returns()
 
     run.open(config.env_id)  # after the restore: a damaged checkpoint fails before the logs are cut back to it
 
     def write_checkpoint() -> None:
-        buffer.save(run.dir / BUFFER_FILE)
+        run.save_replay(buffer)
         run.save_checkpoint(agent=agent.training_state(), rng=rng_state(action_rng))
 
     def run_evaluation() -> tuple[np.ndarray, np.ndarray]:

@@ -20,17 +20,16 @@ from __future__ import annotations
 import copy
 import dataclasses
 
-import gymnasium as gym
 import numpy as np
 import torch
 
-from keelrl.agents.common import BUFFER_FILE, TrainResult, restore_rng_state, rng_state, run_cli
+from keelrl.agents.common import TrainResult, restore_rng_state, rng_state, run_cli
 from keelrl.agents.harness import Run
 from keelrl.agents.lagrange import LagrangeOptions, build_multiplier, lagrangian_actor_loss, validate_lagrange
 from keelrl.agents.td3 import TD3, TD3Config, evaluate, resolve
 from keelrl.agents.td3 import validate as validate_td3
 from keelrl.buffers import Batch, ReplayBuffer
-from keelrl.envs import make_vec_env
+from keelrl.envs import make_vec_env, require_box_actions
 from keelrl.networks import build_critic, compiled, frozen, make_optimizer, optimizer_step, soft_update
 
 ALGO = "td3_lag"
@@ -59,6 +58,8 @@ class TD3Lag(TD3):
         # the cost critic: the reward critic's architecture with one scalar output per member, its own target
         self.cost_critic = build_critic(config, obs_dim, len(action_low), num_outputs=1)
         self.cost_critic_target = copy.deepcopy(self.cost_critic).requires_grad_(False)
+        self.cost_polyak_target = list(self.cost_critic_target.parameters())
+        self.cost_polyak_online = list(self.cost_critic.parameters())
         self.lagrange = build_multiplier(config)
         self.optimizers["cost_critic"] = make_optimizer(list(self.cost_critic.parameters()), config.optimizer,
                                                         config.learning_rate, config.weight_decay)
@@ -107,7 +108,7 @@ class TD3Lag(TD3):
         """One optimiser step of the cost critics, then their targets follow by Polyak averaging."""
         cost_loss, cost_q = self._cost_critic_loss(batch, next_actions)
         optimizer_step(self.optimizers["cost_critic"], cost_loss, self.cost_critic)
-        soft_update(list(self.cost_critic_target.parameters()), list(self.cost_critic.parameters()), self.config.tau)
+        soft_update(self.cost_polyak_target, self.cost_polyak_online, self.config.tau)
         return {"losses/cost_qf_loss": cost_loss.detach() / cost_q.shape[0], "losses/cost_qf_values": cost_q.mean(),
                 "losses/lagrange_multiplier": self.lagrange.value.clone()}
 
@@ -120,10 +121,7 @@ def train(config: TD3LagConfig) -> TrainResult:
     run = Run(config, ALGO, validate, total="total_timesteps")
     config = run.config
     env = make_vec_env(config.env_id, config.num_envs, config.seed + run.step, config.env_backend)
-    if not isinstance(env.single_action_space, gym.spaces.Box):
-        env.close()
-        raise ValueError(f"TD3-Lag needs a continuous (Box) action space; {config.env_id!r} has "
-                         f"{env.single_action_space}.")
+    require_box_actions(env, "TD3-Lag")
     obs_dim = int(np.prod(env.single_observation_space.shape))
     low, high = env.single_action_space.low, env.single_action_space.high
     agent = TD3Lag(obs_dim, low, high, config).to(config.device)
@@ -131,22 +129,17 @@ def train(config: TD3LagConfig) -> TrainResult:
                           config.gamma, store_cost=True, seed=config.seed)
     action_rng = np.random.default_rng(config.seed)
     if run.resumed:
-        if not (run.dir / BUFFER_FILE).is_file():
-            raise FileNotFoundError(f"--resume {run.dir}: {BUFFER_FILE} is missing (it is written with every "
-                                    f"checkpoint); the run cannot continue without its replay buffer.")
         with run.restoring():
             agent.load_training_state(run.checkpoint["agent"])
             restore_rng_state(run.checkpoint["rng"], action_rng)
-        with run.restoring(BUFFER_FILE):
-            buffer.load(run.dir / BUFFER_FILE)
-        buffer.end_episodes()
+        run.restore_replay(buffer)  # the interrupted episodes end where the checkpoint cut them
         if agent.reward_scaler is not None:
             agent.reward_scaler.reset_returns()
 
     run.open(config.env_id)  # after the restore: a damaged checkpoint fails before the logs are cut back to it
 
     def write_checkpoint() -> None:
-        buffer.save(run.dir / BUFFER_FILE)
+        run.save_replay(buffer)
         run.save_checkpoint(agent=agent.training_state(), rng=rng_state(action_rng))
 
     def run_evaluation() -> tuple[np.ndarray, np.ndarray]:

@@ -261,3 +261,11 @@ def make_vec_env(
     backend_cls = _GymnasiumBackend if backend == "gymnasium" else _EnvpoolBackend
     backend_env = backend_cls(env_id, num_envs, seed, dict(env_kwargs or {}))
     return VecEnv(backend_env, env_id, num_envs, normalize_obs, normalize_reward, gamma)
+
+
+def require_box_actions(env: VecEnv, agent: str) -> None:
+    """Close `env` and refuse it unless its actions are continuous (a Box), naming the agent and the env."""
+    if not isinstance(env.single_action_space, gym.spaces.Box):
+        env.close()
+        raise ValueError(f"{agent} needs a continuous (Box) action space; {env.env_id!r} has "
+                         f"{env.single_action_space}. Use a discrete-action agent for it.")
