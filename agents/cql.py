@@ -34,16 +34,17 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from keelrl.agents.common import (
+from keelrl.agents.harness import (
+    Run,
+    RunOptions,
     TrainResult,
     evaluate_policy,
+    load_attacker,
     load_checkpoint,
-    restore_rng_state,
-    rng_state,
     run_cli,
     save_checkpoint,
+    validate_run_options,
 )
-from keelrl.agents.harness import Run, RunOptions, load_attacker, validate_run_options
 from keelrl.buffers import Batch
 from keelrl.buffers.offline import (
     DatasetBuffer,
@@ -61,7 +62,9 @@ from keelrl.networks import (
     make_optimizer,
     mlp,
     optimizer_step,
+    pack_training_state,
     soft_update,
+    unpack_training_state,
 )
 
 ALGO = "cql"
@@ -69,7 +72,7 @@ __all__ = ["CQL", "CQLConfig", "train", "evaluate"]
 
 
 @dataclasses.dataclass
-class CQLConfig(RunOptions, DatasetOptions):
+class CQLConfig(DatasetOptions, RunOptions):
     total_updates: int = 1_000_000
     """gradient updates to train for"""
     batch_size: int = 256
@@ -324,15 +327,10 @@ class CQL(nn.Module):
 
     def training_state(self) -> dict:
         """Networks, optimisers and the update counter: everything to continue training."""
-        return {"networks": self.state_dict(),
-                "optimizers": {name: optimizer.state_dict() for name, optimizer in self.optimizers.items()},
-                "num_updates": self.num_updates}
+        return pack_training_state(self, self.optimizers, self.num_updates)
 
     def load_training_state(self, state: dict) -> None:
-        self.load_state_dict(state["networks"])
-        for name, optimizer in self.optimizers.items():
-            optimizer.load_state_dict(state["optimizers"][name])
-        self.num_updates = state["num_updates"]
+        self.num_updates = unpack_training_state(self, self.optimizers, state)
 
     def save(self, path: str | os.PathLike) -> None:
         """Save networks (observation statistics included) and config: tensors and plain values only."""
@@ -370,15 +368,13 @@ def train(config: CQLConfig) -> TrainResult:
     buffer = DatasetBuffer(data, config.gamma, config.device, seed=config.seed)
     numpy_rng = np.random.default_rng(config.seed)  # the loop draws nothing from numpy; checkpoints keep its state
     if run.resumed:
+        run.restore(agent, numpy_rng)
         with run.restoring():
-            agent.load_training_state(run.checkpoint["agent"])
-            restore_rng_state(run.checkpoint["rng"], numpy_rng)
             buffer.generator.set_state(run.checkpoint["sampler"])
     run.open(env_id, files={"dataset.json": json.dumps(summary, indent=2)})  # logs start from the restored state
 
     def write_checkpoint() -> None:
-        run.save_checkpoint(agent=agent.training_state(), rng=rng_state(numpy_rng),
-                            sampler=buffer.generator.get_state())
+        run.save_checkpoint(agent, numpy_rng, sampler=buffer.generator.get_state())
 
     def run_evaluation() -> tuple[np.ndarray, float]:
         returns, costs = evaluate(agent, env_id, config.eval_episodes, config.seed + 10_000)

@@ -22,12 +22,12 @@ The algorithm, top to bottom:
   k3 = π_ref/π − log(π_ref/π) − 1, and each term is aggregated over all completion tokens by token-mean
   (DAPO), sequence-mean (GRPO) or a constant normaliser (Dr. GRPO: sum / (completions × max_new_tokens));
   AdamW, learning rate annealed linearly to 0 over `iterations`;
-- every `eval_every` iterations: greedy accuracy, pass@1 and unbiased pass@k on held-out prompts.
+- every `eval_freq` iterations: greedy accuracy, pass@1 and unbiased pass@k on held-out prompts.
 
 TensorBoard: charts/episodic_return (mean reward), charts/episodic_length, charts/entropy,
-charts/zero_std_fraction, charts/verifier_errors, charts/SPS (generated tokens/s), charts/learning_rate,
-losses/policy_loss, losses/kl, losses/entropy, losses/clip_fraction, losses/grad_norm, losses/warmup_loss,
-eval/greedy_accuracy, eval/pass@1, eval/pass@k. The step axis is the iteration (one batch of groups and
+charts/zero_std_fraction, charts/verifier_errors, charts/SPS (iterations/s), charts/tokens_per_second
+(generated tokens/s), charts/learning_rate, losses/policy_loss, losses/kl, losses/entropy, losses/clip_fraction,
+losses/grad_norm, losses/warmup_loss, eval/greedy_accuracy, eval/pass@1, eval/pass@k. The step axis is the iteration (one batch of groups and
 its update). Run directories also hold config.json, eval.csv (mean_return: held-out greedy accuracy),
 checkpoint.pt (resume with --resume RUN_DIR) and model.pt (GRPO.load).
 """
@@ -35,7 +35,6 @@ checkpoint.pt (resume with --resume RUN_DIR) and model.pt (GRPO.load).
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import time
 from collections import defaultdict
@@ -44,24 +43,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from keelrl.agents.common import (
-    CHECKPOINT_FILE,
-    CONFIG_FILE,
-    DEFAULT_THREADS,
-    RunLogger,
-    load_checkpoint,
-    new_run_dir,
-    progress_bar,
-    restore_rng_state,
-    restoring,
-    rng_state,
-    run_cli,
-    save_checkpoint,
-    save_config,
-    seed_everything,
-    set_threads,
-    start_or_resume,
-)
+from keelrl.agents.harness import Run, RunOptions, load_checkpoint, run_cli, save_checkpoint, validate_run_options
 from keelrl.envs.rlvr_tasks import Problem, Task, make_task, pass_at_k
 from keelrl.envs.token_env import UNFILLED, GroupTokenEnv
 from keelrl.networks.char_lm import CharTokenizer, tiny_gpt2
@@ -78,12 +60,10 @@ from keelrl.networks.lm_policy import (
 ALGO = "grpo"
 AGGREGATIONS = ("token-mean", "sequence-mean", "constant")
 SAMPLE_WEIGHTINGS = ("grpo", "psr", "nsr", "w-reinforce")
-REMOVED_OPTIONS = {"negative_weight": 1.0}
-"""options earlier versions saved in runs, with the value under which today's GRPO trains the same"""
 
 
 @dataclasses.dataclass
-class GRPOConfig:
+class GRPOConfig(RunOptions):
     task: str = "add"
     """RLVR task: 'add' (a+b), 'chain' (a+b-c...), 'sort' or 'countdown' (see keelrl.envs.rlvr_tasks)"""
     task_size: int = 2
@@ -92,8 +72,6 @@ class GRPOConfig:
     """largest operand, list value or countdown number (9: single digits)"""
     heldout_fraction: float = 0.2
     """share of the problem space never trained on, used for evaluation (split by a hash of the prompt)"""
-    seed: int = 1
-    """seed of python, numpy, torch and the prompt sampler"""
     model_path: str | None = None
     """directory of a Hugging Face causal LM and its tokenizer (save_pretrained layout); None: a tiny character GPT-2"""
     n_layer: int = 2
@@ -166,32 +144,27 @@ class GRPOConfig:
     """prompts per warm-up step"""
     warmup_lr: float = 1e-3
     """AdamW learning rate of the warm-up"""
-    eval_every: int = 20
+    eval_freq: int = 20
     """iterations between held-out evaluations (0: only after the warm-up and at the end)"""
-    eval_prompts: int = 100
+    eval_episodes: int = 100
     """held-out prompts per evaluation (fewer if the held-out split has fewer)"""
     eval_samples: int = 8
     """sampled completions per held-out prompt for pass@k (n)"""
     pass_k: int = 4
     """k of the reported pass@k (at most eval_samples)"""
-    checkpoint_every: int = 200
+    checkpoint_freq: int = 200
     """iterations between checkpoints (the last one is always written)"""
-    threads: int = DEFAULT_THREADS
-    """torch CPU threads (1 is fastest here for tiny models; see agents/common.py)"""
+    log_freq: int = 1
+    """iterations between logs of the losses and sampling statistics"""
     device: str = "cpu"
     """torch device of the model"""
-    runs_dir: str = "runs"
-    """parent directory of run directories"""
-    resume: str | None = None
-    """continue the run in this directory to its iterations (its saved config is used)"""
-    quiet: bool = False
-    """no progress bar"""
 
 
 def validate(config: GRPOConfig) -> None:
+    validate_run_options(config, "iterations")
     positive = ["task_size", "max_value", "n_layer", "n_embd", "n_head", "context_length", "max_new_tokens",
-                "num_prompts", "group_size", "iterations", "update_epochs", "num_minibatches", "max_sample_rounds",
-                "warmup_batch_size", "eval_prompts", "eval_samples", "pass_k", "checkpoint_every"]
+                "num_prompts", "group_size", "update_epochs", "num_minibatches", "max_sample_rounds",
+                "warmup_batch_size", "eval_samples", "pass_k"]
     for name in positive:
         if getattr(config, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be positive, got {getattr(config, name)}.")
@@ -213,8 +186,7 @@ def validate(config: GRPOConfig) -> None:
     if not 0.0 <= config.clip_low < 1.0 or config.clip_high < 0.0:
         raise ValueError(f"clip ranges need 0 <= --clip-low < 1 and --clip-high >= 0, "
                          f"got {config.clip_low} and {config.clip_high}.")
-    nonnegative = ["beta", "ent_coef", "weight_decay", "positive_weight", "max_minutes", "warmup_steps", "eval_every",
-                   "std_eps"]
+    nonnegative = ["beta", "ent_coef", "weight_decay", "positive_weight", "max_minutes", "warmup_steps", "std_eps"]
     for name in nonnegative:
         if getattr(config, name) < 0:
             raise ValueError(f"--{name.replace('_', '-')} must be non-negative, got {getattr(config, name)}.")
@@ -567,24 +539,14 @@ class GRPOResult:
 def train(config: GRPOConfig) -> GRPOResult:
     """Warm up, then sample groups, update, log, evaluate and checkpoint until `iterations` or `max_minutes`."""
     start_time = time.perf_counter()
-    config, run_dir, checkpoint = start_or_resume(config, ALGO, validate,
-                                                  keep_from_command_line=("quiet", "max_minutes"),
-                                                  checkpoint_keys=("iteration", "agent", "rng", "vocab", "history"))
-    if run_dir is not None:  # resuming: the saved run must not rely on an option that no longer exists
-        saved = json.loads((run_dir / CONFIG_FILE).read_text())["config"]
-        for name, same in REMOVED_OPTIONS.items():
-            if saved.get(name, same) != same:
-                raise ValueError(f"--resume {run_dir}: that run trained with {name} {saved[name]}, an option GRPO no "
-                                 f"longer has (every advantage is weighted 1 by default now; see --sample-weighting); "
-                                 f"it cannot continue with the same objective, so start a new run.")
-    set_threads(config.threads)
-    seed_everything(config.seed)
+    run = Run(config, ALGO, validate, total="iterations", keep_from_command_line=("quiet", "extend_to", "max_minutes"),
+              checkpoint_keys=("global_step", "agent", "rng", "vocab", "history"))
+    config = run.config
     task = make_task(config.task, config.task_size, config.max_value, config.heldout_fraction)
-    agent = GRPO(build_policy(config, None if checkpoint is None else checkpoint["vocab"]), config)
-    iteration = 0 if checkpoint is None else checkpoint["iteration"]
+    agent = GRPO(build_policy(config, run.checkpoint["vocab"] if run.resumed else None), config)
     env = GroupTokenEnv(task, agent.policy.tokenizer, config.num_prompts, config.group_size, config.max_new_tokens,
                         config.context_length, "train", seed=config.seed)
-    heldout = task.problems("heldout", config.eval_prompts, seed=0)  # the same held-out prompts for every seed
+    heldout = task.problems("heldout", config.eval_episodes, seed=0)  # the same held-out prompts for every seed
     # a prompt too long for the context fails here, before a run directory is made; so does a prompt that leaves
     # less than max_new_tokens of room (checked on the prompts known now: the first batch and the held-out set;
     # a longer one drawn later is cut at the context by the env, and decoding holds its position ids in range)
@@ -592,79 +554,56 @@ def train(config: GRPOConfig) -> GRPOResult:
     check_room([len(ids) for ids in info["prompt_ids"]]
                + [len(agent.policy.tokenizer.encode(p.prompt, add_special_tokens=False)) for p in heldout],
                config.max_new_tokens, config.context_length, "--context-length")
-    if run_dir is None:
-        run_dir = new_run_dir(config.runs_dir, f"rlvr-{config.task}", ALGO, config.seed)
-        save_config(run_dir, ALGO, config)
     history: list[dict[str, float]] = []
-    if checkpoint is not None:
-        with restoring(run_dir / CHECKPOINT_FILE):
-            agent.load_training_state(checkpoint["agent"])
-            restore_rng_state(checkpoint["rng"], env.np_random)  # the prompt sampler and torch continue where they were
-            history = list(checkpoint["history"])
+    if run.resumed:
+        run.restore(agent, env.np_random)  # the prompt sampler and torch continue where they were
+        history = list(run.checkpoint["history"])
+    run.open(f"rlvr-{config.task}")
 
     def write_checkpoint() -> None:
-        save_checkpoint(run_dir / CHECKPOINT_FILE, {
-            "algo": ALGO, "iteration": iteration, "agent": agent.training_state(), "rng": rng_state(env.np_random),
-            "vocab": vocab_of(agent.policy.tokenizer), "history": history,
-        })
-
-    logger = RunLogger(run_dir, resume_step=None if checkpoint is None else iteration)
+        run.save_checkpoint(agent, env.np_random, vocab=vocab_of(agent.policy.tokenizer), history=history)
 
     def run_evaluation() -> dict[str, float]:
         metrics = evaluate(agent, task, heldout, config.eval_samples, config.pass_k)
         greedy_rewards = metrics.pop("greedy_rewards")
-        logger.evaluation(iteration, greedy_rewards, np.zeros_like(greedy_rewards))
-        logger.scalars({f"eval/{name}": value for name, value in metrics.items()}, iteration)
-        history.append({"iteration": iteration, "minutes": (time.perf_counter() - start_time) / 60, **metrics})
+        run.evaluation(greedy_rewards, scalars={f"eval/{name}": value for name, value in metrics.items()})
+        history.append({"iteration": run.step, "minutes": (time.perf_counter() - start_time) / 60, **metrics})
         return {**metrics, "greedy_rewards": greedy_rewards}
 
     def out_of_time() -> bool:
         return config.max_minutes > 0 and time.perf_counter() - start_time >= 60 * config.max_minutes
 
-    bar = progress_bar(config.iterations, iteration, config.quiet)
     tokens = 0
-    try:
-        if checkpoint is None:
+    with run:
+        if not run.resumed:
             warmup_loss = agent.warmup(task, np.random.default_rng(config.seed))
             agent.freeze_reference()
             run_evaluation()
-            logger.scalars({"losses/warmup_loss": warmup_loss}, iteration)
+            run.logger.scalars({"losses/warmup_loss": warmup_loss}, run.step)
         loop_start = time.perf_counter()
-        while iteration < config.iterations and not out_of_time():
+        while not run.done and not out_of_time():
             batch, rewards, stats = collect(agent, env)
             tokens += int(stats["charts/generated_tokens"])
             losses = {}
             if config.anneal_lr:
-                agent.set_learning_rate(config.learning_rate * (1.0 - iteration / config.iterations))
+                agent.set_learning_rate(config.learning_rate * (1.0 - run.step / config.iterations))
             if batch is not None:
                 advantages = sample_advantages(rewards, config.group_size, config.sample_weighting, config.scale_std,
                                                config.std_eps, config.positive_weight)
                 losses = agent.update(batch, advantages)
-            iteration += 1
-            bar.update(1)
-            logger.scalars({**stats, **losses, "charts/SPS": tokens / (time.perf_counter() - loop_start),
-                            "charts/learning_rate": agent.optimizer.param_groups[0]["lr"]}, iteration)
-            bar.set_postfix(reward=f"{stats['charts/episodic_return']:.2f}",
-                            acc=f"{history[-1]['greedy_accuracy']:.2f}" if history else "-", refresh=False)
-            if iteration >= config.iterations or out_of_time():
-                break  # the final evaluation and checkpoint follow the loop
-            if config.eval_every and iteration % config.eval_every == 0:
-                run_evaluation()
-            if iteration % config.checkpoint_every == 0:
-                write_checkpoint()
-        metrics = run_evaluation()
-        write_checkpoint()
-        agent.save(run_dir / "model.pt")
-    finally:
-        bar.close()
-        logger.close()
-    sps = tokens / (time.perf_counter() - loop_start)
+            run.advance(1)
+            run.recent_return = stats["charts/episodic_return"]
+            run.log({**stats, **losses, "charts/tokens_per_second": tokens / (time.perf_counter() - loop_start),
+                     "charts/learning_rate": agent.optimizer.param_groups[0]["lr"]})
+            if not out_of_time():  # out of time: the final evaluation and checkpoint follow the loop
+                run.periodic(run_evaluation, write_checkpoint)
+        metrics = run.finish(run_evaluation, write_checkpoint, agent.save)
     greedy_rewards = metrics.pop("greedy_rewards")
-    print(f"held-out after {iteration} iterations ({history[-1]['minutes']:.1f} min, {len(heldout)} prompts): "
+    print(f"held-out after {run.step} iterations ({history[-1]['minutes']:.1f} min, {len(heldout)} prompts): "
           + ", ".join(f"{name} {value:.3f}" for name, value in metrics.items()))
-    print(f"run saved in {run_dir}; open the curves with: tensorboard --logdir {Path(config.runs_dir)}")
-    return GRPOResult(run_dir=run_dir, global_step=iteration, final_eval_returns=greedy_rewards, sps=sps,
-                      metrics=metrics, history=history)
+    print(f"run saved in {run.dir}; open the curves with: tensorboard --logdir {Path(config.runs_dir)}")
+    return GRPOResult(run_dir=run.dir, global_step=run.step, final_eval_returns=greedy_rewards,
+                      sps=tokens / max(time.perf_counter() - loop_start, 1e-9), metrics=metrics, history=history)
 
 
 if __name__ == "__main__":

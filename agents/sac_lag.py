@@ -23,8 +23,7 @@ import dataclasses
 import numpy as np
 import torch
 
-from keelrl.agents.common import TrainResult, restore_rng_state, rng_state, run_cli
-from keelrl.agents.harness import Run
+from keelrl.agents.harness import Run, TrainResult, run_cli
 from keelrl.agents.lagrange import LagrangeOptions, build_multiplier, lagrangian_actor_loss, validate_lagrange
 from keelrl.agents.sac import SAC, SACConfig, evaluate, resolve
 from keelrl.agents.sac import validate as validate_sac
@@ -128,9 +127,7 @@ def train(config: SACLagConfig) -> TrainResult:
                           config.gamma, store_cost=True, seed=config.seed)
     action_rng = np.random.default_rng(config.seed)
     if run.resumed:
-        with run.restoring():
-            agent.load_training_state(run.checkpoint["agent"])
-            restore_rng_state(run.checkpoint["rng"], action_rng)
+        run.restore(agent, action_rng)
         run.restore_replay(buffer)  # the interrupted episodes end where the checkpoint cut them
         if agent.reward_scaler is not None:
             agent.reward_scaler.reset_returns()
@@ -139,7 +136,7 @@ def train(config: SACLagConfig) -> TrainResult:
 
     def write_checkpoint() -> None:
         run.save_replay(buffer)
-        run.save_checkpoint(agent=agent.training_state(), rng=rng_state(action_rng))
+        run.save_checkpoint(agent, action_rng)
 
     def run_evaluation() -> tuple[np.ndarray, np.ndarray]:
         returns, costs = evaluate(agent, config.env_id, config.eval_episodes, config.seed + 10_000)

@@ -26,8 +26,15 @@ import numpy as np
 import torch
 from torch import nn
 
-from keelrl.agents.common import TrainResult, load_checkpoint, restore_rng_state, rng_state, run_cli, save_checkpoint
-from keelrl.agents.harness import Run, RunOptions, validate_run_options
+from keelrl.agents.harness import (
+    Run,
+    RunOptions,
+    TrainResult,
+    load_checkpoint,
+    run_cli,
+    save_checkpoint,
+    validate_run_options,
+)
 from keelrl.envs.streaming_wrappers import (
     Transition,
     load_stream_env_state,
@@ -36,6 +43,7 @@ from keelrl.envs.streaming_wrappers import (
     stream_returns_and_costs,
 )
 from keelrl.networks.streaming import ObGD, StreamMLP
+from keelrl.networks.training import pack_training_state, unpack_training_state
 
 __all__ = ["StreamQ", "StreamQConfig", "train", "evaluate"]
 
@@ -165,15 +173,11 @@ class StreamQ(nn.Module):
         self.optimizers["q_network"].reset_trace()
 
     def training_state(self) -> dict:
-        return {"networks": self.state_dict(),
-                "optimizers": {name: optimizer.state_dict() for name, optimizer in self.optimizers.items()},
-                "num_updates": self.num_updates}
+        """Networks, optimisers and the update counter: everything to continue training."""
+        return pack_training_state(self, self.optimizers, self.num_updates)
 
     def load_training_state(self, state: dict) -> None:
-        self.load_state_dict(state["networks"])
-        for name, optimizer in self.optimizers.items():
-            optimizer.load_state_dict(state["optimizers"][name])
-        self.num_updates = state["num_updates"]
+        self.num_updates = unpack_training_state(self, self.optimizers, state)
 
     def save(self, path: str | os.PathLike) -> None:
         """Network, config, action space and env statistics: tensors and plain values only."""
@@ -218,10 +222,9 @@ def train(config: StreamQConfig) -> TrainResult:
         check_action_space(env.unwrapped.action_space, config.env_id)
         agent = StreamQ(env.observation_space.shape[0], env.unwrapped.action_space, config)
         if run.resumed:
+            run.restore(agent, agent.rng)
             with run.restoring():
-                agent.load_training_state(run.checkpoint["agent"])
                 load_stream_env_state(env, run.checkpoint["env"])
-                restore_rng_state(run.checkpoint["rng"], agent.rng)
         run.open(config.env_id)  # a new run gets its directory once the env and agent are known to work
 
         def evaluate_now() -> tuple[np.ndarray, np.ndarray]:
@@ -231,7 +234,7 @@ def train(config: StreamQConfig) -> TrainResult:
             return returns, costs
 
         def checkpoint() -> None:
-            run.save_checkpoint(agent=agent.training_state(), env=stream_env_state(env), rng=rng_state(agent.rng))
+            run.save_checkpoint(agent, agent.rng, env=stream_env_state(env))
 
         with run:
             obs, _ = env.reset(seed=config.seed + run.step)

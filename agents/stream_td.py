@@ -26,8 +26,15 @@ import numpy as np
 import torch
 from torch import nn
 
-from keelrl.agents.common import TrainResult, load_checkpoint, restore_rng_state, rng_state, run_cli, save_checkpoint
-from keelrl.agents.harness import Run, RunOptions, validate_run_options
+from keelrl.agents.harness import (
+    Run,
+    RunOptions,
+    TrainResult,
+    load_checkpoint,
+    run_cli,
+    save_checkpoint,
+    validate_run_options,
+)
 from keelrl.agents.stream_ac import StreamAC
 from keelrl.agents.stream_q import StreamQ
 from keelrl.envs.streaming_wrappers import (
@@ -42,6 +49,7 @@ from keelrl.envs.streaming_wrappers import (
     stream_wrapper,
 )
 from keelrl.networks.streaming import ObGD, StreamMLP
+from keelrl.networks.training import pack_training_state, unpack_training_state
 
 __all__ = ["StreamTD", "StreamTDConfig", "train", "evaluate", "value_error", "monte_carlo_errors"]
 
@@ -218,15 +226,11 @@ class StreamTD(nn.Module):
         self.episode_values, self.episode_rewards = [], []
 
     def training_state(self) -> dict:
-        return {"networks": self.state_dict(),
-                "optimizers": {name: optimizer.state_dict() for name, optimizer in self.optimizers.items()},
-                "num_updates": self.num_updates}
+        """Networks, optimisers and the update counter: everything to continue training."""
+        return pack_training_state(self, self.optimizers, self.num_updates)
 
     def load_training_state(self, state: dict) -> None:
-        self.load_state_dict(state["networks"])
-        for name, optimizer in self.optimizers.items():
-            optimizer.load_state_dict(state["optimizers"][name])
-        self.num_updates = state["num_updates"]
+        self.num_updates = unpack_training_state(self, self.optimizers, state)
 
     def save(self, path: str | os.PathLike) -> None:
         """Value network (and a loaded policy's networks), config, action space and env statistics."""
@@ -309,10 +313,9 @@ def train(config: StreamTDConfig) -> TrainResult:
         if agent.policy is not None:
             use_policy_statistics(env, agent)
         if run.resumed:
+            run.restore(agent, agent.rng)
             with run.restoring():
-                agent.load_training_state(run.checkpoint["agent"])
                 load_stream_env_state(env, run.checkpoint["env"])
-                restore_rng_state(run.checkpoint["rng"], agent.rng)
         run.open(config.env_id)  # a new run gets its directory once the env and agent are known to work
 
         def evaluate_now() -> tuple[np.ndarray, np.ndarray, float]:
@@ -322,7 +325,7 @@ def train(config: StreamTDConfig) -> TrainResult:
             return returns, costs, value_rmse
 
         def checkpoint() -> None:
-            run.save_checkpoint(agent=agent.training_state(), env=stream_env_state(env), rng=rng_state(agent.rng))
+            run.save_checkpoint(agent, agent.rng, env=stream_env_state(env))
 
         with run:
             obs, _ = env.reset(seed=config.seed + run.step)

@@ -28,16 +28,17 @@ import numpy as np
 import torch
 from torch import nn
 
-from keelrl.agents.common import (
+from keelrl.agents.harness import (
+    Run,
+    RunOptions,
     TrainResult,
+    apply_preset,
     evaluate_policy,
     load_checkpoint,
-    restore_rng_state,
-    rng_state,
     run_cli,
     save_checkpoint,
+    validate_run_options,
 )
-from keelrl.agents.harness import Run, RunOptions, apply_preset, validate_run_options
 from keelrl.buffers import Batch, ReplayBuffer
 from keelrl.envs import make_vec_env, require_box_actions
 from keelrl.networks import (
@@ -53,9 +54,11 @@ from keelrl.networks import (
     frozen,
     make_optimizer,
     optimizer_step,
+    pack_training_state,
     scale_learning_rates,
     soft_update,
     td_target,
+    unpack_training_state,
     validate_network_options,
 )
 from keelrl.networks.builders import MUJOCO_DISCOUNT, with_default_support
@@ -65,7 +68,7 @@ __all__ = ["TD3", "TD3Config", "train", "evaluate"]
 
 
 @dataclasses.dataclass
-class TD3Config(RunOptions, NetworkOptions):
+class TD3Config(NetworkOptions, RunOptions):
     env_id: str = "Hopper-v5"
     """gymnasium (or envpool) environment id with a Box action space"""
     total_timesteps: int = 1_000_000
@@ -277,15 +280,10 @@ class TD3(nn.Module):
 
     def training_state(self) -> dict:
         """Networks, optimisers and the update counter: everything to continue training."""
-        return {"networks": self.state_dict(),
-                "optimizers": {name: optimizer.state_dict() for name, optimizer in self.optimizers.items()},
-                "num_updates": self.num_updates}
+        return pack_training_state(self, self.optimizers, self.num_updates)
 
     def load_training_state(self, state: dict) -> None:
-        self.load_state_dict(state["networks"])
-        for name, optimizer in self.optimizers.items():
-            optimizer.load_state_dict(state["optimizers"][name])
-        self.num_updates = state["num_updates"]
+        self.num_updates = unpack_training_state(self, self.optimizers, state)
 
     def save(self, path: str | os.PathLike) -> None:
         """Save networks (observation statistics included) and config: tensors and plain values only."""
@@ -323,9 +321,7 @@ def train(config: TD3Config) -> TrainResult:
                           config.gamma, seed=config.seed)
     action_rng = np.random.default_rng(config.seed)
     if run.resumed:
-        with run.restoring():
-            agent.load_training_state(run.checkpoint["agent"])
-            restore_rng_state(run.checkpoint["rng"], action_rng)
+        run.restore(agent, action_rng)
         run.restore_replay(buffer)  # the interrupted episodes end where the checkpoint cut them
         if agent.reward_scaler is not None:
             agent.reward_scaler.reset_returns()
@@ -334,7 +330,7 @@ def train(config: TD3Config) -> TrainResult:
 
     def write_checkpoint() -> None:
         run.save_replay(buffer)
-        run.save_checkpoint(agent=agent.training_state(), rng=rng_state(action_rng))
+        run.save_checkpoint(agent, action_rng)
 
     def run_evaluation() -> tuple[np.ndarray, np.ndarray]:
         returns, costs = evaluate(agent, config.env_id, config.eval_episodes, config.seed + 10_000)

@@ -23,8 +23,7 @@ import dataclasses
 import numpy as np
 import torch
 
-from keelrl.agents.common import TrainResult, restore_rng_state, rng_state, run_cli
-from keelrl.agents.harness import Run
+from keelrl.agents.harness import Run, TrainResult, run_cli
 from keelrl.agents.lagrange import LagrangeOptions, build_multiplier, lagrangian_actor_loss, validate_lagrange
 from keelrl.agents.td3 import TD3, TD3Config, evaluate, resolve
 from keelrl.agents.td3 import validate as validate_td3
@@ -129,9 +128,7 @@ def train(config: TD3LagConfig) -> TrainResult:
                           config.gamma, store_cost=True, seed=config.seed)
     action_rng = np.random.default_rng(config.seed)
     if run.resumed:
-        with run.restoring():
-            agent.load_training_state(run.checkpoint["agent"])
-            restore_rng_state(run.checkpoint["rng"], action_rng)
+        run.restore(agent, action_rng)
         run.restore_replay(buffer)  # the interrupted episodes end where the checkpoint cut them
         if agent.reward_scaler is not None:
             agent.reward_scaler.reset_returns()
@@ -140,7 +137,7 @@ def train(config: TD3LagConfig) -> TrainResult:
 
     def write_checkpoint() -> None:
         run.save_replay(buffer)
-        run.save_checkpoint(agent=agent.training_state(), rng=rng_state(action_rng))
+        run.save_checkpoint(agent, action_rng)
 
     def run_evaluation() -> tuple[np.ndarray, np.ndarray]:
         returns, costs = evaluate(agent, config.env_id, config.eval_episodes, config.seed + 10_000)

@@ -42,7 +42,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
-import importlib
 import json
 import os
 import shutil
@@ -55,6 +54,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from keelrl.agents.harness import RunOptions, agent_module
 from keelrl.benchmarks.aggregate import RunResult, read_run_figures
 
 try:
@@ -300,16 +300,15 @@ def expand(grid: Grid, runs_dir: Path) -> list[Cell]:
 def agent_fields(module_name: str) -> tuple[set[str] | None, str]:
     """(the option names of an agent's config, '') or (None, why the agent cannot run here)."""
     try:
-        module = importlib.import_module(f"keelrl.agents.{module_name}")
+        module = agent_module(module_name)
+    except ValueError:
+        return None, f"keelrl.agents.{module_name} does not exist in this keelrl version"
     except ModuleNotFoundError as err:
-        if err.name == f"keelrl.agents.{module_name}":
-            return None, f"keelrl.agents.{module_name} does not exist in this keelrl version"
         return None, f"keelrl.agents.{module_name} needs {err.name!r}, which is not installed ({err})"
     except ImportError as err:
         return None, f"keelrl.agents.{module_name} failed to import: {err}"
     configs = [obj for obj in vars(module).values()
-               if dataclasses.is_dataclass(obj) and isinstance(obj, type) and obj.__module__ == module.__name__
-               and {"seed", "runs_dir", "resume"} <= {f.name for f in dataclasses.fields(obj)}]
+               if isinstance(obj, type) and issubclass(obj, RunOptions) and obj.__module__ == module.__name__]
     if len(configs) != 1:
         return set(), ""  # no single config class to check options against: the agent's CLI will check them
     return {_flag(f.name) for f in dataclasses.fields(configs[0])}, ""

@@ -111,7 +111,7 @@ def write_section(path: str, title: str, text: str) -> None:
 
 
 def run(seed: int, ent_coef: float, args: Args) -> dict:
-    config = GRPOConfig(seed=seed, ent_coef=ent_coef, max_minutes=args.max_minutes, eval_every=args.eval_every,
+    config = GRPOConfig(seed=seed, ent_coef=ent_coef, max_minutes=args.max_minutes, eval_freq=args.eval_every,
                         threads=1, quiet=True, runs_dir=args.runs_dir)
     cpu_start, wall_start = time.process_time(), time.perf_counter()
     result = train(config)

@@ -15,7 +15,17 @@ from keelrl.networks.simbav2 import (
     SimbaV2Encoder,
 )
 from keelrl.networks.streaming import ObGD, StreamMLP, sparse_init_
-from keelrl.networks.training import check_device, compiled, frozen, make_optimizer, optimizer_step, scale_learning_rates, soft_update
+from keelrl.networks.training import (
+    check_device,
+    compiled,
+    frozen,
+    make_optimizer,
+    optimizer_step,
+    pack_training_state,
+    scale_learning_rates,
+    soft_update,
+    unpack_training_state,
+)
 
 __all__ = ["mlp", "EnsembleLinear", "EnsembleMLP", "CriticEnsemble", "TanhGaussianActor", "DeterministicActor",
            "RunningObsNorm",
@@ -24,4 +34,5 @@ __all__ = ["mlp", "EnsembleLinear", "EnsembleMLP", "CriticEnsemble", "TanhGaussi
            "SimbaV2Encoder", "SimbaV2Critic", "SimbaV2Actor", "SimbaV2DeterministicActor", "RewardScaler",
            "ObGD", "StreamMLP", "sparse_init_", "td_target",
            "NetworkOptions", "build_actor", "build_critic", "build_head", "validate_network_options",
-           "check_device", "compiled", "make_optimizer", "optimizer_step", "scale_learning_rates", "soft_update", "frozen"]
+           "check_device", "compiled", "make_optimizer", "optimizer_step", "scale_learning_rates", "soft_update", "frozen",
+           "pack_training_state", "unpack_training_state"]

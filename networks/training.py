@@ -74,3 +74,19 @@ def frozen(network: nn.Module) -> Iterator[None]:
         yield
     finally:
         network.requires_grad_(True)
+
+
+def pack_training_state(module: nn.Module, optimizers: dict[str, torch.optim.Optimizer], num_updates: int) -> dict:
+    """A module's weights (buffers included), its optimisers' states and its update count: everything to
+    continue training it (tensors and plain values only)."""
+    return {"networks": module.state_dict(),
+            "optimizers": {name: optimizer.state_dict() for name, optimizer in optimizers.items()},
+            "num_updates": num_updates}
+
+
+def unpack_training_state(module: nn.Module, optimizers: dict[str, torch.optim.Optimizer], state: dict) -> int:
+    """Restore what `pack_training_state` packed into `module` and `optimizers`; returns the update count."""
+    module.load_state_dict(state["networks"])
+    for name, optimizer in optimizers.items():
+        optimizer.load_state_dict(state["optimizers"][name])
+    return state["num_updates"]

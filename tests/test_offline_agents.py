@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from keelrl.agents.common import run_cli
+from keelrl.agents.harness import run_cli
 from keelrl.agents.cql import CQL, CQLConfig
 from keelrl.agents.cql import train as train_cql
 from keelrl.agents.iql import IQL, IQLConfig

@@ -38,7 +38,7 @@ import pytest
 import torch
 
 from keelrl.agents import cql, harness, iql, sac, sac_lag, stream_ac, stream_q, td3, td3_lag
-from keelrl.agents.common import CHECKPOINT_FILE
+from keelrl.agents.harness import CHECKPOINT_FILE
 from keelrl.benchmarks.make_datasets import collect
 from keelrl.buffers import ReplayBuffer
 from keelrl.buffers.offline import DatasetBuffer
@@ -145,9 +145,9 @@ class Run:
     """One training loop run in this process: its live agent, buffer, env and numpy generator, the
     snapshots taken as it wrote checkpoints, and the snapshot taken right after a resume restored."""
 
-    def __init__(self, monkeypatch, loop, agent_cls, snapshot, rng_module=None):
-        """`loop`: the module whose `save_checkpoint` and `RunLogger` the run calls; `rng_module`: the one
-        whose `rng_state` and `restore_rng_state` it calls (default: `loop`)."""
+    def __init__(self, monkeypatch, loop, agent_cls, snapshot):
+        """`loop`: the module whose `save_checkpoint`, `RunLogger`, `rng_state` and `restore_rng_state` the run
+        calls."""
         self.live: dict[str, Any] = {}
         self.saved: list[tuple[int, dict]] = []  # (global step, snapshot) of each checkpoint written
         self.restored: list[tuple[int, dict]] = []  # (global step resumed at, snapshot) after a restore
@@ -168,8 +168,7 @@ class Run:
 
         self.agent_cls = Recording
         real_save, real_logger = loop.save_checkpoint, loop.RunLogger
-        rng_module = rng_module or loop
-        real_rng_state, real_restore = rng_module.rng_state, rng_module.restore_rng_state
+        real_rng_state, real_restore = loop.rng_state, loop.restore_rng_state
 
         def save_and_snapshot(path, state):
             if Path(path).name == CHECKPOINT_FILE:  # not model.pt, which agent.save writes with it
@@ -191,8 +190,8 @@ class Run:
 
         monkeypatch.setattr(loop, "save_checkpoint", save_and_snapshot)
         monkeypatch.setattr(loop, "RunLogger", logger_after_restore)
-        monkeypatch.setattr(rng_module, "rng_state", rng_state)
-        monkeypatch.setattr(rng_module, "restore_rng_state", restore_rng_state)
+        monkeypatch.setattr(loop, "rng_state", rng_state)
+        monkeypatch.setattr(loop, "restore_rng_state", restore_rng_state)
 
     def interrupt_and_resume(self, train, config, resume_config, kill_at: int) -> tuple[dict, dict, Any]:
         """Run `config` until `kill_at` updates, then resume it; the snapshot at the checkpoint it resumed
@@ -248,7 +247,7 @@ def off_policy_snapshot(live: dict) -> dict:
 
 
 def off_policy_run(monkeypatch, module, agent_cls) -> Run:
-    run = Run(monkeypatch, harness, agent_cls, off_policy_snapshot, rng_module=module)
+    run = Run(monkeypatch, harness, agent_cls, off_policy_snapshot)
     monkeypatch.setattr(module, agent_cls.__name__, run.agent_cls)  # the agent file's loop builds the recording agent
 
     class RecordingBuffer(ReplayBuffer):
@@ -416,7 +415,7 @@ def offline_config(algo, data, runs_dir, **overrides):
 
 def offline_run(monkeypatch, algo):
     module, agent_cls, config_cls, _ = OFFLINE_CASES[algo]
-    run = Run(monkeypatch, harness, agent_cls, offline_snapshot, rng_module=module)
+    run = Run(monkeypatch, harness, agent_cls, offline_snapshot)
     monkeypatch.setattr(module, agent_cls.__name__, run.agent_cls)  # the agent file's loop builds the recording agent
 
     class RecordingDataset(DatasetBuffer):
@@ -489,7 +488,7 @@ def test_streaming_resume_restores_networks_obgd_statistics_and_rng(algo, tmp_pa
     100. (The eligibility traces are zeroed after the restore by design, as a new episode starts: see
     test_streaming.py; a straight run's stream differs from the resumed one's for the same reason.)"""
     module, agent_cls, config_cls, options = STREAMING_CASES[algo]
-    run = Run(monkeypatch, harness, agent_cls, streaming_snapshot, rng_module=module)
+    run = Run(monkeypatch, harness, agent_cls, streaming_snapshot)
     monkeypatch.setattr(module, agent_cls.__name__, run.agent_cls)  # the agent file's loop builds the recording agent
     make_env = module.make_env
 

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from keelrl.agents import grpo, iql, sac, stream_q
-from keelrl.agents.common import BUFFER_FILE, CHECKPOINT_FILE, CONFIG_FILE, run_cli
+from keelrl.agents.harness import BUFFER_FILE, CHECKPOINT_FILE, CONFIG_FILE, run_cli
 from keelrl.benchmarks.make_datasets import collect
 
 
@@ -37,8 +37,8 @@ def finished_run(algo, root):
                                         eval_freq=0, eval_episodes=1, checkpoint_freq=300, **common)
         return stream_q.train(config).run_dir
     config = grpo.GRPOConfig(n_embd=16, n_head=2, context_length=16, max_new_tokens=4, num_prompts=2, group_size=2,
-                             iterations=2, warmup_steps=1, warmup_batch_size=4, eval_every=0, eval_prompts=2,
-                             eval_samples=2, pass_k=1, checkpoint_every=1, **common)
+                             iterations=2, warmup_steps=1, warmup_batch_size=4, eval_freq=0, eval_episodes=2,
+                             eval_samples=2, pass_k=1, checkpoint_freq=1, **common)
     return grpo.train(config).run_dir
 
 

@@ -72,8 +72,8 @@ def run(case: str, runs_dir: Path) -> Path:
             **{**STREAM, "env_id": "InvertedPendulum-v5"}, **common)),
         "grpo": lambda: grpo.train(grpo.GRPOConfig(
             n_embd=32, n_head=2, context_length=16, max_new_tokens=4, num_prompts=4, group_size=4, iterations=4,
-            warmup_steps=5, warmup_batch_size=16, eval_every=2, eval_prompts=8, eval_samples=4, pass_k=2,
-            checkpoint_every=2, threads=1, quiet=True, **common)),
+            warmup_steps=5, warmup_batch_size=16, eval_freq=2, eval_episodes=8, eval_samples=4, pass_k=2,
+            checkpoint_freq=2, threads=1, quiet=True, **common)),
     }
     if case in ("cql", "iql", "riql"):
         offline_dataset(runs_dir)
