@@ -37,7 +37,7 @@ from typing import Literal
 import numpy as np
 import torch
 
-from keelrl.agents.common import CHECKPOINT_FILE, evaluate_policy, load_run_config, progress_bar, save_config
+from keelrl.agents.harness import CHECKPOINT_FILE, evaluate_policy, load_run_config, progress_bar, save_config
 from keelrl.agents.sac import SAC, SACConfig
 from keelrl.agents.sac import train as train_sac
 from keelrl.buffers.offline import (
