@@ -2,7 +2,7 @@
 
 from setuptools import setup
 
-SUBPACKAGES = ["agents", "envs", "buffers", "networks", "benchmarks"]
+SUBPACKAGES = ["agents", "envs", "buffers", "networks", "benchmarks", "benchmarks.perf", "benchmarks.checks"]
 
 setup(
     name="keelrl",
@@ -13,7 +13,7 @@ setup(
     python_requires=">=3.10",
     # Each root folder installs inside the keelrl namespace, never as a bare top-level package.
     packages=[f"keelrl.{name}" for name in SUBPACKAGES],
-    package_dir={f"keelrl.{name}": name for name in SUBPACKAGES},
+    package_dir={f"keelrl.{name}": name.replace(".", "/") for name in SUBPACKAGES},
     package_data={"keelrl.benchmarks": ["results/*.md", "grids/*.toml"]},
     install_requires=[
         # A range, not a pin: install the torch build for your machine first (see README).

@@ -520,6 +520,8 @@ class GRPOResult:
     """What `train` returns (named like the other agents' TrainResult)."""
 
     run_dir: Path
+    config: GRPOConfig
+    """the run's resolved config (under --resume, the saved run's)"""
     global_step: int
     """iterations done"""
     final_eval_returns: np.ndarray
@@ -602,7 +604,7 @@ def train(config: GRPOConfig) -> GRPOResult:
     print(f"held-out after {run.step} iterations ({history[-1]['minutes']:.1f} min, {len(heldout)} prompts): "
           + ", ".join(f"{name} {value:.3f}" for name, value in metrics.items()))
     print(f"run saved in {run.dir}; open the curves with: tensorboard --logdir {Path(config.runs_dir)}")
-    return GRPOResult(run_dir=run.dir, global_step=run.step, final_eval_returns=greedy_rewards,
+    return GRPOResult(run_dir=run.dir, config=config, global_step=run.step, final_eval_returns=greedy_rewards,
                       sps=tokens / max(time.perf_counter() - loop_start, 1e-9), metrics=metrics, history=history)
 
 

@@ -55,6 +55,7 @@ DEFAULT_THREADS = 1
 CHECKPOINT_FILE = "checkpoint.pt"
 BUFFER_FILE = "buffer.pt"
 CONFIG_FILE = "config.json"
+MODEL_FILE = "model.pt"
 
 
 @dataclasses.dataclass
@@ -62,6 +63,8 @@ class TrainResult:
     """What `train` returns."""
 
     run_dir: Path
+    config: Any
+    """The run's resolved config (presets applied; under --resume, the saved run's)."""
     global_step: int
     final_eval_returns: np.ndarray
     """Undiscounted return of each final evaluation episode."""
@@ -447,6 +450,9 @@ class Run:
             save_config(self.dir, algo, config)
         self.config, self.algo, self.total = config, algo, getattr(config, total)
         self.step = 0 if self.checkpoint is None else int(self.checkpoint["global_step"])
+        if self.done and (self.dir / MODEL_FILE).is_file():  # (a run stopped before model.pt is finished again)
+            raise ValueError(f"--resume {self.dir}: the run is finished ({self.step} of its {self.total} "
+                             f"--{total.replace('_', '-')}); train it on with --resume {self.dir} --extend-to N.")
         self.start_step = self.step
         self.logger: RunLogger | None = None
         self._bar = None
@@ -522,7 +528,8 @@ class Run:
         if self.due(self.config.log_freq):
             sps = self.speed()
             self.logger.scalars({**losses, "charts/SPS": sps}, self.step)
-            self._bar.set_postfix(ret=f"{self.recent_return:.1f}", sps=f"{sps:.0f}", refresh=False)
+            shown = {} if np.isnan(self.recent_return) else {"ret": f"{self.recent_return:.1f}"}  # none offline
+            self._bar.set_postfix(**shown, sps=f"{sps:.0f}", refresh=False)
 
     def updates_began(self) -> None:
         """Mark the first step with gradient updates in this process (for `update_speed`); later calls do nothing."""
@@ -601,7 +608,7 @@ class Run:
         self._loop_end = time.perf_counter()
         result = evaluate()
         checkpoint()
-        save_model(self.dir / "model.pt")
+        save_model(self.dir / MODEL_FILE)
         return result
 
     def loop_speed(self) -> float:
@@ -614,6 +621,11 @@ class Run:
             return float("nan")
         start_time, start_step = self._update_start
         return (self.step - start_step) / max(self._loop_end - start_time, 1e-9)
+
+    def result(self, returns: np.ndarray, costs: np.ndarray | None = None) -> TrainResult:
+        """What `train` returns: the run directory, resolved config, step, final evaluation and speeds."""
+        return TrainResult(run_dir=self.dir, config=self.config, global_step=self.step, final_eval_returns=returns,
+                           sps=self.loop_speed(), update_sps=self.update_speed(), final_eval_costs=costs)
 
     def report(self, returns: np.ndarray, *lines: str) -> None:
         """Print the final evaluation, the caller's lines and where the run is."""

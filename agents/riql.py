@@ -332,6 +332,7 @@ def train(config: RIQLConfig) -> TrainResult:
         return returns, score
 
     with run:
+        run.updates_began()  # every loop step updates
         while not run.done:
             losses = agent.update(buffer.sample(config.batch_size))
             run.advance(1)
@@ -339,8 +340,7 @@ def train(config: RIQLConfig) -> TrainResult:
             run.periodic(run_evaluation, write_checkpoint)
         returns, score = run.finish(run_evaluation, write_checkpoint, agent.save)
     run.report(returns, f"normalised score {score:.1f}; {run.loop_speed():.1f} updates/s")
-    return TrainResult(run_dir=run.dir, global_step=run.step, final_eval_returns=returns, sps=run.loop_speed(),
-                       update_sps=run.loop_speed())
+    return run.result(returns)
 
 
 if __name__ == "__main__":

@@ -385,8 +385,7 @@ def train(config: SACConfig) -> TrainResult:
         finally:
             env.close()
     run.report(returns, f"steps/s: {run.loop_speed():.1f} overall, {run.update_speed():.1f} while updating")
-    return TrainResult(run_dir=run.dir, global_step=run.step, final_eval_returns=returns, sps=run.loop_speed(),
-                       update_sps=run.update_speed(), final_eval_costs=costs)
+    return run.result(returns, costs)
 
 
 if __name__ == "__main__":

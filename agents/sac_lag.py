@@ -177,8 +177,7 @@ def train(config: SACLagConfig) -> TrainResult:
     run.report(returns, f"steps/s: {run.loop_speed():.1f} overall, {run.update_speed():.1f} while updating",
                f"final evaluation cost over {len(costs)} episodes: {costs.mean():.1f} ± {costs.std():.1f} "
                f"(cost limit {config.cost_limit:g}: {verdict})")
-    return TrainResult(run_dir=run.dir, global_step=run.step, final_eval_returns=returns, sps=run.loop_speed(),
-                       update_sps=run.update_speed(), final_eval_costs=costs)
+    return run.result(returns, costs)
 
 
 if __name__ == "__main__":

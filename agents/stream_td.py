@@ -331,6 +331,7 @@ def train(config: StreamTDConfig) -> TrainResult:
             obs, _ = env.reset(seed=config.seed + run.step)
             agent.start_episode()  # a checkpoint's mid-episode trace does not belong to this new episode
             episode_cost = 0.0
+            run.updates_began()  # every loop step updates
             while not run.done:
                 action = agent.act(obs)
                 with run.stepping_env():  # a NaN or inf from the env stops the run here
@@ -347,10 +348,8 @@ def train(config: StreamTDConfig) -> TrainResult:
                     episode_cost = 0.0
                 run.periodic(evaluate_now, checkpoint)
             returns, costs, value_rmse = run.finish(evaluate_now, checkpoint, agent.save)
-    sps = run.loop_speed()
-    run.report(returns, f"final eval/value_rmse: {value_rmse:.4f}", f"steps/s: {sps:.1f}")
-    return TrainResult(run_dir=run.dir, global_step=run.step, final_eval_returns=returns, sps=sps, update_sps=sps,
-                       final_eval_costs=costs)
+    run.report(returns, f"final eval/value_rmse: {value_rmse:.4f}", f"steps/s: {run.loop_speed():.1f}")
+    return run.result(returns, costs)
 
 
 if __name__ == "__main__":

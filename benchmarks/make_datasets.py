@@ -25,6 +25,7 @@ SAC files (a run's model.pt and buffer.pt).
 
 from __future__ import annotations
 
+import csv
 import dataclasses
 import json
 import math
@@ -37,7 +38,7 @@ from typing import Literal
 import numpy as np
 import torch
 
-from keelrl.agents.harness import CHECKPOINT_FILE, evaluate_policy, load_run_config, progress_bar, save_config
+from keelrl.agents.harness import CHECKPOINT_FILE, evaluate_policy, progress_bar
 from keelrl.agents.sac import SAC, SACConfig
 from keelrl.agents.sac import train as train_sac
 from keelrl.buffers.offline import (
@@ -197,10 +198,11 @@ class DatasetMaker:
                 env_id=self.config.env_id, seed=self.config.seed, total_timesteps=total_steps,
                 learning_starts=self.config.learning_starts, eval_freq=0, checkpoint_freq=self.config.eval_every,
                 runs_dir=str(self.work / "sac"), quiet=self.config.quiet))
+        elif self._sac_step() >= total_steps and (run_dir / "model.pt").is_file():  # there already: its last
+            with (run_dir / "eval.csv").open() as f:                                 # evaluation stands
+                return run_dir, float(list(csv.DictReader(f))[-1]["mean_return"])
         else:
-            saved = load_run_config(run_dir, "sac", SACConfig)
-            save_config(run_dir, "sac", dataclasses.replace(saved, total_timesteps=total_steps))
-            result = train_sac(SACConfig(resume=str(run_dir), quiet=self.config.quiet))
+            result = train_sac(SACConfig(resume=str(run_dir), extend_to=total_steps, quiet=self.config.quiet))
         return result.run_dir, result.final_eval_return
 
     def _sac_step(self) -> int:

@@ -285,6 +285,16 @@ def test_the_simbav2_preset_runs_from_the_command_line_with_its_support(module, 
     assert (config["critic_head"], config["scale_rewards"], config["v_min"], config["v_max"]) == ("c51", True, -5.0, 5.0)
 
 
+def test_train_returns_the_resolved_config_and_a_resumed_run_the_saved_one(tmp_path):
+    config = SACConfig(env_id="InvertedPendulum-v5", preset="simbav2", total_timesteps=40, learning_starts=30,
+                       batch_size=8, eval_freq=0, eval_episodes=1, actor_hidden_dim=8, critic_hidden_dim=8,
+                       critic_num_blocks=1, runs_dir=str(tmp_path), quiet=True)
+    result = train_sac(config)
+    assert (result.config.gamma, result.config.utd, result.config.v_min, result.config.v_max) == (0.995, 1, -5.0, 5.0)
+    resumed = train_sac(SACConfig(resume=str(result.run_dir), extend_to=50, quiet=True))
+    assert resumed.config == dataclasses.replace(result.config, total_timesteps=50, resume=str(result.run_dir))
+
+
 def test_online_normaliser_follows_simba_under_the_presets_and_clips_otherwise():
     """SimBa/SimbaV2 (agents/wrappers/normalization.py): (x − mean) / sqrt(var + 1e-8), no clip;
     plain --normalize-obs keeps its clip at ±10."""

@@ -5,10 +5,10 @@ from pathlib import Path
 import pytest
 from torch.utils.flop_counter import FlopCounterMode
 
-from keelrl.benchmarks.gemm_floor import UpdateProducts
-from keelrl.benchmarks.speed import Args as SpeedArgs
-from keelrl.benchmarks.speed import update_flops
-from keelrl.benchmarks.summarize_runs import summarize_keelrl, table
+from keelrl.benchmarks.perf.gemm_floor import UpdateProducts
+from keelrl.benchmarks.perf.speed import Args as SpeedArgs
+from keelrl.benchmarks.perf.speed import update_flops
+from keelrl.benchmarks.checks.summarize_runs import summarize_keelrl, table
 
 
 def write_run(run_dir: Path, final_return: float, final_cost: float, train_returns: list[float]) -> Path:

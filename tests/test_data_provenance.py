@@ -14,7 +14,6 @@ import gymnasium as gym
 import h5py
 import numpy as np
 import pytest
-import torch
 
 import keelrl.buffers.offline as offline_data
 from keelrl.agents.iql import IQL, IQLConfig

@@ -51,6 +51,15 @@ def runs(tmp_path_factory):
     return {algo: finished_run(algo, tmp_path_factory.mktemp(algo)) for algo in MODULES}
 
 
+def unfinished_copy(run_dir, tmp_path):
+    """A copy of a finished run as if stopped between its last checkpoint and its model.pt: --resume finishes it
+    (a run with its model.pt is finished, and --resume refuses it before reading anything else)."""
+    copy = tmp_path / "run"
+    shutil.copytree(run_dir, copy)
+    (copy / "model.pt").unlink()
+    return copy
+
+
 def damage_config_empty(run_dir, algo, other):
     (run_dir / CONFIG_FILE).write_text("")
     return CONFIG_FILE
@@ -132,8 +141,7 @@ def resume_fails_cleanly(algo, run_dir, capsys, named):
 @pytest.mark.parametrize("algo", list(MODULES))
 @pytest.mark.parametrize("damage", DAMAGES, ids=lambda f: f.__name__.removeprefix("damage_"))
 def test_resume_of_a_damaged_run_directory_says_which_file(algo, damage, runs, tmp_path, capsys):
-    run_dir = tmp_path / "run"
-    shutil.copytree(runs[algo], run_dir)
+    run_dir = unfinished_copy(runs[algo], tmp_path)
     other = runs["iql" if algo == "sac" else "sac"]
     named = damage(run_dir, algo, other)
     resume_fails_cleanly(algo, run_dir, capsys, named)
@@ -141,8 +149,7 @@ def test_resume_of_a_damaged_run_directory_says_which_file(algo, damage, runs, t
 
 @pytest.mark.parametrize("damage", ["removed", "truncated"])
 def test_resume_of_an_off_policy_run_needs_its_replay_buffer(damage, runs, tmp_path, capsys):
-    run_dir = tmp_path / "run"
-    shutil.copytree(runs["sac"], run_dir)
+    run_dir = unfinished_copy(runs["sac"], tmp_path)
     if damage == "removed":
         (run_dir / BUFFER_FILE).unlink()
     else:
@@ -152,7 +159,29 @@ def test_resume_of_an_off_policy_run_needs_its_replay_buffer(damage, runs, tmp_p
 
 
 def test_an_intact_copy_resumes(runs, tmp_path, capsys):
-    """The damage, not the copying, is what the tests above see: an intact copy resumes (to its end)."""
-    run_dir = tmp_path / "run"
-    shutil.copytree(runs["iql"], run_dir)
+    """The damage, not the copying, is what the tests above see: an intact copy of a run stopped before its
+    model.pt resumes and finishes; once finished, a plain --resume says how to train it on."""
+    run_dir = unfinished_copy(runs["iql"], tmp_path)
     assert run_cli(iql.train, iql.IQLConfig, args=["--resume", str(run_dir)]) == 0
+    assert (run_dir / "model.pt").is_file()
+    capsys.readouterr()
+    assert run_cli(iql.train, iql.IQLConfig, args=["--resume", str(run_dir)]) == 2
+    assert capsys.readouterr().err.strip() == (f"error: --resume {run_dir}: the run is finished (20 of its 20 "
+                                               f"--total-updates); train it on with --resume {run_dir} --extend-to N.")
+
+
+@pytest.mark.parametrize("algo", ["sac", "iql", "stream_q", "grpo"])
+def test_every_loop_trains_a_finished_run_on_with_extend_to(algo, runs, tmp_path):
+    """--extend-to lies in the run options every agent shares: each kind of loop continues a finished run to the
+    new total, evaluates at its end and saves the new total, so a later plain --resume has nothing left to do."""
+    run_dir = tmp_path / "run"
+    shutil.copytree(runs[algo], run_dir)
+    total = {"sac": "total_timesteps", "iql": "total_updates", "stream_q": "total_timesteps", "grpo": "iterations"}[algo]
+    saved_total = json.loads((run_dir / CONFIG_FILE).read_text())["config"][total]
+    extended = saved_total + {"sac": 50, "iql": 10, "stream_q": 100, "grpo": 1}[algo]
+    result = MODULES[algo].train(CONFIGS[algo](resume=str(run_dir), extend_to=extended, quiet=True))
+    assert result.global_step == extended and getattr(result.config, total) == extended
+    assert json.loads((run_dir / CONFIG_FILE).read_text())["config"][total] == extended
+    assert torch.load(run_dir / CHECKPOINT_FILE, weights_only=True)["global_step"] == extended
+    with open(run_dir / "eval.csv") as f:
+        assert int(f.read().splitlines()[-1].split(",")[0]) == extended

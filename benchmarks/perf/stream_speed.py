@@ -1,7 +1,7 @@
 """Stream AC(λ) agent speed: updates per second on one core, without the environment.
 
-    taskset -c 0 python -m keelrl.benchmarks.stream_speed                          # Hopper-v5 sizes
-    taskset -c 0 python -m keelrl.benchmarks.stream_speed --obs-dim 28 --action-dim 8   # Ant-v4 sizes
+    taskset -c 0 python -m keelrl.benchmarks.perf.stream_speed                          # Hopper-v5 sizes
+    taskset -c 0 python -m keelrl.benchmarks.perf.stream_speed --obs-dim 28 --action-dim 8   # Ant-v4 sizes
 
 Observations come from a fixed random stream (obs_dim includes the time feature), episodes end
 every `episode_length` steps. Reported: `update` calls per second alone, and agent steps

@@ -1,6 +1,6 @@
 """Replay buffer throughput: transitions sampled per second at batch 256, and adds per second.
 
-    python -m keelrl.benchmarks.buffer_speed --capacity 1000000
+    python -m keelrl.benchmarks.perf.buffer_speed --capacity 1000000
 """
 
 from __future__ import annotations

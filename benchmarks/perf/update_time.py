@@ -1,8 +1,8 @@
 """CPU time of one SAC or TD3 update, robust to other processes on the machine.
 
-    python -m keelrl.benchmarks.update_time --algos sac td3 --hidden 256 8
-    python -m keelrl.benchmarks.update_time --compile
-    python -m keelrl.benchmarks.update_time --algos sac --networks mlp/scalar simba/scalar simbav2/c51 --hidden 256
+    python -m keelrl.benchmarks.perf.update_time --algos sac td3 --hidden 256 8
+    python -m keelrl.benchmarks.perf.update_time --compile
+    python -m keelrl.benchmarks.perf.update_time --algos sac --networks mlp/scalar simba/scalar simbav2/c51 --hidden 256
 
 Times updates on random Hopper-sized batches (batch 256) with one torch thread, by the process's
 CPU time rather than wall-clock time: another busy process then slows the figure far less (it

@@ -1,6 +1,6 @@
 """Rollout speed: keelrl's KV-cache group generation against transformers' `generate`, tokens per second.
 
-    taskset -c 1 python -m keelrl.benchmarks.rlvr_speed
+    taskset -c 1 python -m keelrl.benchmarks.perf.rlvr_speed
 
 Every implementation decodes the same randomly initialised GPT-2, the same batch of prompts and exactly
 `new_tokens` new tokens per row, sampling at temperature 1 from the full distribution (no top-k):
@@ -25,7 +25,7 @@ import torch
 import tyro
 
 from keelrl.agents.grpo import rollout
-from keelrl.benchmarks.rlvr_learning import machine_description, write_section
+from keelrl.benchmarks.checks.rlvr_learning import machine_description, write_section
 from keelrl.envs.rlvr_tasks import make_task
 from keelrl.envs.token_env import GroupTokenEnv
 from keelrl.networks.char_lm import CharTokenizer, tiny_gpt2
@@ -135,7 +135,7 @@ def main(args: Args) -> None:
         "",
         f"Machine: {machine_description()}; {args.threads} torch thread(s), "
         f"CPU affinity {sorted(os.sched_getaffinity(0))}, load average at start {os.getloadavg()[0]:.2f}.",
-        f"Command: `taskset -c 1 python -m keelrl.benchmarks.rlvr_speed` (python {platform.python_version()}).",
+        f"Command: `taskset -c 1 python -m keelrl.benchmarks.perf.rlvr_speed` (python {platform.python_version()}).",
         "",
     ]
     for key in args.settings:

@@ -1,6 +1,6 @@
 """Update-phase speed of keelrl SAC/TD3 beside CleanRL's scripts, and the arithmetic limit of this machine.
 
-    python -m keelrl.benchmarks.speed --cleanrl ../cleanrl --threads 1 2 --repeats 3
+    python -m keelrl.benchmarks.perf.speed --cleanrl ../cleanrl --threads 1 2 --repeats 3
 
 Each measurement is a fresh process training on `--env-id` for `--total-timesteps` steps, the first
 `--learning-starts` of them random; the figure is environment steps per second after learning

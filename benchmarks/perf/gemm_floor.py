@@ -1,6 +1,6 @@
 """The matrix products of one SAC or TD3 update, alone: a floor under any eager implementation.
 
-    python -m keelrl.benchmarks.gemm_floor --threads 1 2
+    python -m keelrl.benchmarks.perf.gemm_floor --threads 1 2
 
 An update of SAC or TD3 at UTD 1 multiplies the same matrices whatever the code around them: the
 target actor and target critics forward, the critics forward and backward (weight and input
@@ -14,7 +14,7 @@ batched product is several times slower). The actor's products are averaged over
 (SAC: 2 actor steps every 2 updates; TD3: 1 every 2, through the first critic only).
 
 Reports the median wall-clock time per update over repeats (run it on an otherwise idle machine),
-beside the FLOP count and the arithmetic limit that `keelrl.benchmarks.speed` prints.
+beside the FLOP count and the arithmetic limit that `keelrl.benchmarks.perf.speed` prints.
 """
 
 from __future__ import annotations
@@ -26,8 +26,8 @@ import time
 import torch
 import tyro
 
-from keelrl.benchmarks.speed import Args as SpeedArgs
-from keelrl.benchmarks.speed import matmul_gflops, update_flops
+from keelrl.benchmarks.perf.speed import Args as SpeedArgs
+from keelrl.benchmarks.perf.speed import matmul_gflops, update_flops
 
 
 @dataclasses.dataclass

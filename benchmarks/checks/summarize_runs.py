@@ -1,6 +1,6 @@
 """Summarise finished runs as a Markdown table: keelrl run directories and, beside them, CleanRL's.
 
-    python -m keelrl.benchmarks.summarize_runs --keelrl runs/Hopper-v5__sac__* --cleanrl ../cleanrl/runs/Hopper-v5__*
+    python -m keelrl.benchmarks.checks.summarize_runs --keelrl runs/Hopper-v5__sac__* --cleanrl ../cleanrl/runs/Hopper-v5__*
 
 For each run: the final evaluation return and episode cost (keelrl's eval.csv, cost 0 on a task
 without one; CleanRL does not evaluate), and the mean return of the last

@@ -1,6 +1,6 @@
 """RLVR learning check: a 2-layer GPT-2 learns single-digit a+b with GRPO on one CPU thread in 3 minutes.
 
-    taskset -c 0 python -m keelrl.benchmarks.rlvr_learning --runs-dir /tmp/rlvr_runs --commit-note "..."
+    taskset -c 0 python -m keelrl.benchmarks.checks.rlvr_learning --runs-dir /tmp/rlvr_runs --commit-note "..."
 
 For each seed, with the entropy bonus (GRPOConfig's default 0.02) and without it (0), trains GRPO on
 `add` (a+b, digits 0-9; 20% of the 100 problems held out by prompt hash) with a wall-clock limit of
@@ -65,7 +65,7 @@ def command_of(args: Args) -> str:
             words = " ".join(f"{v:g}" if isinstance(v, float) else str(v) for v in
                              (value if isinstance(value, tuple) else (value,)))
             options.append(f"--{name.replace('_', '-')} {words}")
-    return " ".join([f"{pin}python -m keelrl.benchmarks.rlvr_learning", *options])
+    return " ".join([f"{pin}python -m keelrl.benchmarks.checks.rlvr_learning", *options])
 
 
 def commit_of(note: str) -> str:

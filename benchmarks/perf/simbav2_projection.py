@@ -1,6 +1,6 @@
 """Cost of SimbaV2's weight projection: ms per SAC update with and without `project_weights()`.
 
-    taskset -c 1 python -m keelrl.benchmarks.simbav2_projection
+    taskset -c 1 python -m keelrl.benchmarks.perf.simbav2_projection
 
 One update is what a SimbaV2 SAC agent does per gradient step: the C51 target from the target
 critic (smaller-mean member, entropy-augmented projection), the critic ensemble's forward,

@@ -1,6 +1,6 @@
 """Cost of keelrl's `make_vec_env` over the raw backends, random actions, measured A B A B.
 
-    python -m keelrl.benchmarks.vec_env_speed --env-id HalfCheetah-v5 --num-envs 8
+    python -m keelrl.benchmarks.perf.vec_env_speed --env-id HalfCheetah-v5 --num-envs 8
 
 Raw gymnasium is `gym.make_vec(..., vectorization_mode="sync")` with its default (next-step)
 autoreset; raw envpool is `envpool.make_gymnasium`. keelrl adds same-step autoreset with the

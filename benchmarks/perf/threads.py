@@ -1,6 +1,6 @@
 """How many torch threads an agent should use: SAC update time by thread count, idle and under load.
 
-    python -m keelrl.benchmarks.threads
+    python -m keelrl.benchmarks.perf.threads
 
 For each thread count, times SAC updates (256-256 networks, batch 256, Hopper sizes) with the
 machine otherwise idle, then again while a competing process keeps one core busy (as a second
@@ -20,7 +20,7 @@ import torch
 import tyro
 
 from keelrl.agents.sac import SAC, SACConfig
-from keelrl.benchmarks.update_time import filled_buffer
+from keelrl.benchmarks.perf.update_time import filled_buffer
 
 
 @dataclasses.dataclass
