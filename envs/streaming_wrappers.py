@@ -1,7 +1,7 @@
 """Wrappers for one (non-vector) gymnasium env that streaming agents learn from, one step at a time,
 and the pieces every streaming agent's loop and evaluation share.
 
-- `StreamObsNormalize`: observations standardised by running Welford mean and variance;
+- `StreamObsNormalize`: observations standardised by running mean and sample variance (envs/normalize.py RunningStats, Welford updates);
 - `StreamRewardScale`: rewards divided by the running std of a discounted-return trace
   u ← γu + r (u restarts at 0 after each episode);
 - `TimeFeature`: the fraction of the time limit still ahead, appended to the observation.
@@ -23,38 +23,8 @@ import gymnasium as gym
 import numpy as np
 import torch
 
+from keelrl.envs.normalize import RunningStats
 from keelrl.envs.vec_env import _suggest
-
-
-class Welford:
-    """Mean and sample variance of a stream, one sample at a time (Welford 1962), in float64.
-
-    The variance is 1 until two samples have arrived.
-    """
-
-    def __init__(self, shape: tuple[int, ...] = ()):
-        self.count = 0
-        self.mean = np.zeros(shape, np.float64)
-        self.m2 = np.zeros(shape, np.float64)  # sum of squared deviations from the mean
-
-    def update(self, sample: np.ndarray | float) -> None:
-        self.count += 1
-        deviation = sample - self.mean
-        self.mean += deviation / self.count
-        self.m2 += deviation * (sample - self.mean)
-
-    @property
-    def var(self) -> np.ndarray:
-        return self.m2 / (self.count - 1) if self.count > 1 else np.ones_like(self.m2)
-
-    def state_dict(self) -> dict[str, torch.Tensor]:
-        return {"count": torch.tensor(self.count), "mean": torch.from_numpy(self.mean.copy()),
-                "m2": torch.from_numpy(self.m2.copy())}
-
-    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
-        self.count = int(state["count"])
-        self.mean = state["mean"].numpy().astype(np.float64)
-        self.m2 = state["m2"].numpy().astype(np.float64)
 
 
 class RequireFinite(gym.Wrapper):
@@ -80,15 +50,15 @@ class StreamObsNormalize(gym.ObservationWrapper):
 
     def __init__(self, env: gym.Env, eps: float = 1e-8):
         super().__init__(env)
-        self.stats = Welford(env.observation_space.shape)
+        self.stats = RunningStats(env.observation_space.shape)
         self.eps = eps
         self.training = True
         self.observation_space = gym.spaces.Box(-np.inf, np.inf, env.observation_space.shape, np.float32)
 
     def observation(self, observation: np.ndarray) -> np.ndarray:
         if self.training:
-            self.stats.update(observation)
-        return ((observation - self.stats.mean) / np.sqrt(self.stats.var + self.eps)).astype(np.float32)
+            self.stats.push(observation)
+        return ((observation - self.stats.mean) / np.sqrt(self.stats.sample_var + self.eps)).astype(np.float32)
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         return self.stats.state_dict()
@@ -104,7 +74,7 @@ class StreamRewardScale(gym.Wrapper):
 
     def __init__(self, env: gym.Env, gamma: float, eps: float = 1e-8):
         super().__init__(env)
-        self.stats = Welford(())
+        self.stats = RunningStats(())
         self.gamma = gamma
         self.eps = eps
         self.return_trace = 0.0
@@ -113,7 +83,7 @@ class StreamRewardScale(gym.Wrapper):
     @property
     def scale(self) -> float:
         """The current divisor of rewards."""
-        return math.sqrt(float(self.stats.var) + self.eps)
+        return math.sqrt(float(self.stats.sample_var) + self.eps)
 
     def reset(self, **kwargs):
         self.return_trace = 0.0
@@ -123,7 +93,7 @@ class StreamRewardScale(gym.Wrapper):
         obs, reward, terminated, truncated, info = self.env.step(action)
         if self.training:
             self.return_trace = self.gamma * self.return_trace + reward
-            self.stats.update(self.return_trace)
+            self.stats.push(self.return_trace)
         if terminated or truncated:
             self.return_trace = 0.0
         return obs, reward / self.scale, terminated, truncated, info

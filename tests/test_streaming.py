@@ -22,12 +22,12 @@ from keelrl.agents.stream_q import StreamQ, StreamQConfig
 from keelrl.agents.stream_q import train as train_q
 from keelrl.agents.stream_td import StreamTD, StreamTDConfig, monte_carlo_errors, value_error
 from keelrl.agents.stream_td import train as train_td
+from keelrl.envs.normalize import RunningStats
 from keelrl.envs.streaming_wrappers import (
     StreamObsNormalize,
     StreamRewardScale,
     TimeFeature,
     Transition,
-    Welford,
     load_stream_env_state,
     make_stream_env,
     stream_env_state,
@@ -192,18 +192,21 @@ def test_wrappers_match_numpy_on_a_stream():
     assert env.unwrapped.episode == 9  # 3 episodes of 7 steps, one of 3 (terminated), then 7-step ones
 
 
-def test_welford_matches_numpy_and_round_trips():
+def test_running_stats_pushed_one_sample_at_a_time_match_numpy_and_round_trip():
+    """The stream wrappers' statistics: Welford's update, sample variance (ddof=1), as stream-x divides by."""
     rng = np.random.default_rng(0)
     stream = rng.normal(3.0, 2.0, (500, 4))
-    stats = Welford((4,))
+    stats = RunningStats((4,))
+    np.testing.assert_array_equal(stats.sample_var, np.ones(4))  # no variance before two samples
     for x in stream:
-        stats.update(x)
+        stats.push(x)
     np.testing.assert_allclose(stats.mean, stream.mean(0), rtol=1e-10)
-    np.testing.assert_allclose(stats.var, stream.var(0, ddof=1), rtol=1e-10)
-    copy = Welford((4,))
+    np.testing.assert_allclose(stats.sample_var, stream.var(0, ddof=1), rtol=1e-10)
+    np.testing.assert_allclose(stats.var, stream.var(0), rtol=1e-10)
+    copy = RunningStats((4,))
     copy.load_state_dict(stats.state_dict())
     np.testing.assert_array_equal(copy.mean, stats.mean)
-    np.testing.assert_array_equal(copy.var, stats.var)
+    np.testing.assert_array_equal(copy.sample_var, stats.sample_var)
 
 
 def test_env_state_round_trip_and_frozen_statistics():

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from keelrl.buffers import ReplayBuffer
-from keelrl.envs import ObsNormalizer, RewardNormalizer, RunningMeanStd, make_vec_env
+from keelrl.envs import ObsNormalizer, RewardNormalizer, RunningStats, make_vec_env
 
 ENV_ID = "InvertedPendulum-v5"
 # A short time limit so a few dozen random steps contain both truncations and terminations.
@@ -125,15 +125,17 @@ def test_non_finite_reward_names_the_step():
         env.step(np.zeros((2, 1), np.float32))
 
 
-def test_running_mean_std_matches_numpy_on_a_stream():
+def test_running_stats_merged_batch_by_batch_match_numpy_on_a_stream():
     rng = np.random.default_rng(0)
     stream = [rng.normal(3.0, 2.0, (int(n), 4)) for n in rng.integers(1, 20, 30)]
-    rms = RunningMeanStd((4,))
+    rms = RunningStats((4,))
+    np.testing.assert_array_equal(rms.var, np.ones(4))  # nothing seen yet
     for batch in stream:
         rms.update(batch)
     everything = np.concatenate(stream)
     np.testing.assert_allclose(rms.mean, everything.mean(0), rtol=1e-10)
     np.testing.assert_allclose(rms.var, everything.var(0), rtol=1e-10)
+    np.testing.assert_allclose(rms.sample_var, everything.var(0, ddof=1), rtol=1e-10)
     assert rms.count == len(everything)
 
 
