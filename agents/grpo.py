@@ -43,7 +43,16 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from keelrl.agents.harness import Run, RunOptions, load_checkpoint, run_cli, save_checkpoint, validate_run_options
+from keelrl.agents.harness import (
+    Run,
+    RunOptions,
+    load_checkpoint,
+    require_non_negative,
+    require_positive_counts,
+    run_cli,
+    save_checkpoint,
+    validate_run_options,
+)
 from keelrl.envs.rlvr_tasks import Problem, Task, make_task, pass_at_k
 from keelrl.envs.token_env import UNFILLED, GroupTokenEnv
 from keelrl.networks.char_lm import CharTokenizer, tiny_gpt2
@@ -162,12 +171,9 @@ class GRPOConfig(RunOptions):
 
 def validate(config: GRPOConfig) -> None:
     validate_run_options(config, "iterations")
-    positive = ["task_size", "max_value", "n_layer", "n_embd", "n_head", "context_length", "max_new_tokens",
-                "num_prompts", "group_size", "update_epochs", "num_minibatches", "max_sample_rounds",
-                "warmup_batch_size", "eval_samples", "pass_k"]
-    for name in positive:
-        if getattr(config, name) < 1:
-            raise ValueError(f"--{name.replace('_', '-')} must be positive, got {getattr(config, name)}.")
+    require_positive_counts(config, "task_size", "max_value", "n_layer", "n_embd", "n_head", "context_length",
+                            "max_new_tokens", "num_prompts", "group_size", "update_epochs", "num_minibatches",
+                            "max_sample_rounds", "warmup_batch_size", "eval_samples", "pass_k")
     if config.sample_weighting not in SAMPLE_WEIGHTINGS:
         raise ValueError(f"--sample-weighting must be one of {SAMPLE_WEIGHTINGS}, got {config.sample_weighting!r}.")
     if config.sample_weighting == "grpo" and config.scale_std and config.group_size < 2:
@@ -186,10 +192,8 @@ def validate(config: GRPOConfig) -> None:
     if not 0.0 <= config.clip_low < 1.0 or config.clip_high < 0.0:
         raise ValueError(f"clip ranges need 0 <= --clip-low < 1 and --clip-high >= 0, "
                          f"got {config.clip_low} and {config.clip_high}.")
-    nonnegative = ["beta", "ent_coef", "weight_decay", "positive_weight", "max_minutes", "warmup_steps", "std_eps"]
-    for name in nonnegative:
-        if getattr(config, name) < 0:
-            raise ValueError(f"--{name.replace('_', '-')} must be non-negative, got {getattr(config, name)}.")
+    require_non_negative(config, "beta", "ent_coef", "weight_decay", "positive_weight", "max_minutes", "warmup_steps",
+                         "std_eps")
     if config.temperature <= 0 or config.learning_rate <= 0 or config.warmup_lr <= 0:
         raise ValueError("--temperature, --learning-rate and --warmup-lr must be positive.")
     if config.max_new_tokens >= config.context_length:

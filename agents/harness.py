@@ -416,13 +416,24 @@ class RunOptions:
     """no progress bar"""
 
 
-def validate_run_options(config: RunOptions, total: str) -> None:
-    """Reject run option values no run can use, with the option's command-line name."""
-    for name in ("eval_episodes", "checkpoint_freq", "log_freq", "threads", total):
+def require_positive_counts(config: Any, *names: str) -> None:
+    """Refuse a count option (steps, sizes, frequencies) below 1, naming it as on the command line."""
+    for name in names:
         if getattr(config, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be positive, got {getattr(config, name)}.")
-    if config.eval_freq < 0:
-        raise ValueError(f"--eval-freq must be non-negative, got {config.eval_freq}.")
+
+
+def require_non_negative(config: Any, *names: str) -> None:
+    """Refuse an option below 0 (or NaN), naming it as on the command line."""
+    for name in names:
+        if not getattr(config, name) >= 0:
+            raise ValueError(f"--{name.replace('_', '-')} must be non-negative, got {getattr(config, name)}.")
+
+
+def validate_run_options(config: RunOptions, total: str) -> None:
+    """Reject run option values no run can use, with the option's command-line name."""
+    require_positive_counts(config, "eval_episodes", "checkpoint_freq", "log_freq", "threads", total)
+    require_non_negative(config, "eval_freq")
     if config.extend_to is not None:
         if config.resume is None:
             raise ValueError("--extend-to trains a saved run further: give it with --resume RUN_DIR.")

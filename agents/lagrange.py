@@ -44,6 +44,7 @@ from typing import Literal
 import torch
 from torch import nn
 
+from keelrl.agents.harness import require_non_negative
 from keelrl.envs.safety import require_cost_task
 
 
@@ -73,9 +74,7 @@ def validate_lagrange(config: LagrangeOptions, agent: str) -> None:
     if not config.cost_limit >= 0:  # also catches NaN
         raise ValueError(f"--cost-limit must be a non-negative number (the largest allowed episode cost; 0 allows "
                          f"no unsafe step), got {config.cost_limit}.")
-    for name in ("lambda_init", "lambda_lr", "pid_kp", "pid_ki", "pid_kd", "lambda_warmup"):
-        if not getattr(config, name) >= 0:
-            raise ValueError(f"--{name.replace('_', '-')} must be non-negative, got {getattr(config, name)}.")
+    require_non_negative(config, "lambda_init", "lambda_lr", "pid_kp", "pid_ki", "pid_kd", "lambda_warmup")
     require_cost_task(config.env_id, config.env_backend, agent)
 
 

@@ -34,6 +34,8 @@ from keelrl.agents.harness import (
     apply_preset,
     evaluate_policy,
     load_checkpoint,
+    require_non_negative,
+    require_positive_counts,
     run_cli,
     save_checkpoint,
     validate_run_options,
@@ -165,12 +167,9 @@ def validate(config: SACConfig) -> None:
     validate_run_options(config, "total_timesteps")
     validate_network_options(config)
     check_device(config.device, config.compile, config.cudagraphs)
-    for name in ("num_envs", "buffer_size", "batch_size", "policy_frequency", "target_network_frequency", "n_step",
-                 "utd"):
-        if getattr(config, name) < 1:
-            raise ValueError(f"--{name.replace('_', '-')} must be positive, got {getattr(config, name)}.")
-    if config.learning_starts < 0:
-        raise ValueError(f"--learning-starts must be non-negative, got {config.learning_starts}.")
+    require_positive_counts(config, "num_envs", "buffer_size", "batch_size", "policy_frequency",
+                            "target_network_frequency", "n_step", "utd")
+    require_non_negative(config, "learning_starts")
     if not 0.0 < config.gamma <= 1.0 or not 0.0 < config.tau <= 1.0:
         raise ValueError(f"--gamma and --tau must lie in (0, 1], got {config.gamma} and {config.tau}.")
     if config.batch_size > config.buffer_size:

@@ -35,6 +35,8 @@ from keelrl.agents.harness import (
     apply_preset,
     evaluate_policy,
     load_checkpoint,
+    require_non_negative,
+    require_positive_counts,
     run_cli,
     save_checkpoint,
     validate_run_options,
@@ -144,12 +146,8 @@ def validate(config: TD3Config) -> None:
     validate_run_options(config, "total_timesteps")
     validate_network_options(config)
     check_device(config.device, config.compile, config.cudagraphs)
-    for name in ("num_envs", "buffer_size", "batch_size", "policy_frequency", "n_step", "utd"):
-        if getattr(config, name) < 1:
-            raise ValueError(f"--{name.replace('_', '-')} must be positive, got {getattr(config, name)}.")
-    for name in ("learning_starts", "learning_rate", "policy_noise", "noise_clip", "exploration_noise"):
-        if getattr(config, name) < 0:
-            raise ValueError(f"--{name.replace('_', '-')} must be non-negative, got {getattr(config, name)}.")
+    require_positive_counts(config, "num_envs", "buffer_size", "batch_size", "policy_frequency", "n_step", "utd")
+    require_non_negative(config, "learning_starts", "learning_rate", "policy_noise", "noise_clip", "exploration_noise")
     if not 0.0 < config.gamma <= 1.0 or not 0.0 < config.tau <= 1.0:
         raise ValueError(f"--gamma and --tau must lie in (0, 1], got {config.gamma} and {config.tau}.")
     if config.batch_size > config.buffer_size:
