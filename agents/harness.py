@@ -413,7 +413,9 @@ class RunOptions:
     """with --resume: train the run on until this many loop steps, past the total it was started with (a finished
     run continues; schedules over the run stretch to the new end)"""
     quiet: bool = False
-    """no progress bar"""
+    """no progress bar, and no progress lines"""
+    progress_seconds: float = 30.0
+    """when stdout is not a terminal (a log file, nohup, CI, a cluster job): seconds between plain progress lines"""
 
 
 def require_positive_counts(config: Any, *names: str) -> None:
@@ -433,7 +435,7 @@ def require_non_negative(config: Any, *names: str) -> None:
 def validate_run_options(config: RunOptions, total: str) -> None:
     """Reject run option values no run can use, with the option's command-line name."""
     require_positive_counts(config, "eval_episodes", "checkpoint_freq", "log_freq", "threads", total)
-    require_non_negative(config, "eval_freq")
+    require_non_negative(config, "eval_freq", "progress_seconds")
     if config.extend_to is not None:
         if config.resume is None:
             raise ValueError("--extend-to trains a saved run further: give it with --resume RUN_DIR.")
@@ -472,6 +474,9 @@ class Run:
         self._start_time = self._loop_end = float("nan")
         self._update_start: tuple[float, int] | None = None
         self.recent_return = float("nan")
+        self.recent_evaluation = float("nan")
+        self._plain_progress = not config.quiet and not sys.stdout.isatty()
+        self._last_line = float("-inf")
         set_threads(config.threads)
         seed_everything(config.seed)
 
@@ -533,6 +538,19 @@ class Run:
         self.step += steps
         self._last_advance = steps
         self._bar.update(steps)
+        if self._plain_progress and time.perf_counter() - self._last_line >= self.config.progress_seconds:
+            self._print_progress()
+
+    def _print_progress(self) -> None:
+        """One plain line (for logs, where the progress bar shows nothing): steps, speed, latest training return
+        and evaluation, time left."""
+        self._last_line = time.perf_counter()
+        sps = self.speed()
+        left = (self.total - self.step) / sps if sps > 0 else float("inf")
+        eta = "?" if left == float("inf") else time.strftime("%H:%M:%S", time.gmtime(left))
+        print(f"[{self.algo}] step {self.step}/{self.total} ({100 * self.step / self.total:.0f}%) | {sps:.1f} steps/s"
+              f" | last return {self.recent_return:.1f} | last evaluation {self.recent_evaluation:.1f} | ETA {eta}",
+              flush=True)
 
     def log(self, losses: dict[str, Any]) -> None:
         """Every `log_freq` loop steps: the latest losses and the speed (charts/SPS)."""
@@ -570,6 +588,7 @@ class Run:
     def evaluation(self, returns: np.ndarray, costs: np.ndarray | None = None,
                    scalars: dict[str, float] | None = None) -> None:
         """Log an evaluation's episode returns (and costs, and any other scalars) at the current step."""
+        self.recent_evaluation = float(np.mean(returns))
         self.logger.evaluation(self.step, returns, np.zeros_like(returns) if costs is None else costs)
         if scalars:
             self.logger.scalars(scalars, self.step)

@@ -44,6 +44,7 @@ import concurrent.futures
 import dataclasses
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -529,6 +530,39 @@ def grids_from_args(args: Args) -> list[Grid]:
     return [grid_from_dict(spec, args.name or "custom")]
 
 
+REPOSITORY = Path(__file__).resolve().parent.parent
+ABSOLUTE_PATH = re.compile(r"(?<![\w/.~])(?:~|/)[\w.\-/~]*")
+
+
+def shareable_path(path: str, option: str | None = None) -> str:
+    """A local path as a committed page may show it: relative to the repository when inside it, else a
+    placeholder named after its option (--runs-dir /scratch/x -> RUNS_DIR) or LOCAL_PATH."""
+    resolved = Path(path).expanduser().resolve()
+    if resolved.is_relative_to(REPOSITORY):
+        return str(resolved.relative_to(REPOSITORY)) or "."
+    return option.lstrip("-").replace("-", "_").upper() if option else "LOCAL_PATH"
+
+
+def shareable_arguments(argv: list[str]) -> list[str]:
+    """The leaderboard's arguments with every absolute path made shareable (see `shareable_path`)."""
+    shared = []
+    for i, arg in enumerate(argv):
+        option, sep, value = arg.partition("=")
+        if sep and option.startswith("--") and value.startswith(("/", "~")):
+            shared.append(f"{option}={shareable_path(value, option)}")
+        elif arg.startswith(("/", "~")):
+            before = argv[i - 1] if i > 0 and argv[i - 1].startswith("--") else None
+            shared.append(shareable_path(arg, before))
+        else:
+            shared.append(shareable_text(arg))  # e.g. the --note's text
+    return shared
+
+
+def shareable_text(text: str) -> str:
+    """Free text (the --note) with every absolute path in it made shareable."""
+    return ABSOLUTE_PATH.sub(lambda match: shareable_path(match.group(0)), text)
+
+
 def main(argv: list[str] | None = None) -> int:
     import shlex
 
@@ -539,7 +573,7 @@ def main(argv: list[str] | None = None) -> int:
         grids = grids_from_args(args)
         name = args.name or "+".join(grid.name for grid in grids)
         argv = sys.argv[1:] if argv is None else argv
-        invocation = f"python -m keelrl.benchmarks.leaderboard {shlex.join(argv)}"
+        invocation = f"python -m keelrl.benchmarks.leaderboard {shlex.join(shareable_arguments(argv))}"
         results = run_grids(grids, Path(args.runs_dir), args.workers, args.ray, args.dry_run or args.report_only,
                             invocation=invocation)
         if args.dry_run:
@@ -550,7 +584,7 @@ def main(argv: list[str] | None = None) -> int:
         header = [f"Command: `{invocation}`"]
         header += [] if args.report_only else [f"Execution: {engine}, --workers {args.workers}"]
         header += runs_provenance([cell for grid in grids for cell in expand(grid, Path(args.runs_dir))], invocation)
-        header += [f"Note: {args.note}"] if args.note else []
+        header += [f"Note: {shareable_text(args.note)}"] if args.note else []
         header += [grid.description for grid in grids if grid.description]
         for path in write_report(Path(args.out_dir), name, results, header, args.bootstrap_reps, Path(args.runs_dir)):
             print(f"wrote {path}")

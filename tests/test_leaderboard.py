@@ -349,3 +349,15 @@ def test_a_grid_runs_on_a_local_ray_instance(tmp_path):
     returns, scores = np.array(finals), np.array(finals) / 10.0
     assert (f"| sac | InvertedPendulum-v5 | 200 | 2/2 | {returns.mean():.1f} ± {returns.std():.1f} | "
             f"{scores.mean():.1f} ± {scores.std():.1f} |") in page
+
+
+def test_the_page_records_no_local_path(tmp_path):
+    """Commands and notes on a committed page name paths relative to the repository, or by placeholders."""
+    argv = ["--agents", "sac", "--tasks", TASK, "--seeds", "1", "--steps", "200", "--report-only", "--name", "paths",
+            "--runs-dir", str(tmp_path / "runs"), f"--out-dir={tmp_path / 'out'}", "--bootstrap-reps", "10",
+            "--note", f"datasets in {tmp_path}/data, grids in {leaderboard.REPOSITORY}/benchmarks/grids, 1/2 done"]
+    assert leaderboard.main(argv) == 1  # the one cell has not run
+    page = (tmp_path / "out" / "paths.md").read_text()
+    assert str(tmp_path) not in page and str(leaderboard.REPOSITORY) not in page
+    assert "--runs-dir RUNS_DIR --out-dir=OUT_DIR" in page
+    assert page.count("datasets in LOCAL_PATH, grids in benchmarks/grids, 1/2 done") == 2  # the command and the note
