@@ -31,6 +31,8 @@ setup(
         "offline": ["minari[hdf5]>=0.5", "h5py>=3.8"],
         "llm": ["transformers>=4.40"],
         "ray": ["ray>=2.9"],
+        "video": ["imageio[ffmpeg]>=2.30"],  # --capture-video's MP4s
+        "wandb": ["wandb>=0.17"],  # --track
         "dev": ["pytest>=7.4", "pytest-timeout>=2.2"],
     },
     license="MIT",

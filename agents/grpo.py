@@ -545,7 +545,7 @@ class GRPOResult:
 def train(config: GRPOConfig) -> GRPOResult:
     """Warm up, then sample groups, update, log, evaluate and checkpoint until `iterations` or `max_minutes`."""
     start_time = time.perf_counter()
-    run = Run(config, ALGO, validate, total="iterations", keep_from_command_line=("quiet", "extend_to", "max_minutes"),
+    run = Run(config, ALGO, validate, total="iterations", keep_from_command_line=("max_minutes",),
               checkpoint_keys=("global_step", "agent", "rng", "vocab", "history"))
     config = run.config
     task = make_task(config.task, config.task_size, config.max_value, config.heldout_fraction)

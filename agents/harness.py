@@ -33,6 +33,7 @@ import importlib
 import json
 import os
 import random
+import re
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -46,6 +47,7 @@ import torch
 from keelrl.buffers import ReplayBuffer
 from keelrl.buffers.corruption import Policy, QFunction, attack_model_algo
 from keelrl.envs import make_vec_env
+from keelrl.envs.video import VideoSource, VideoUnavailable, film_episode, offscreen_gl_backend, write_mp4
 
 # Measured on the project's 2-core machine (benchmarks/results/threads.md), SAC update 256-256,
 # batch 256: one thread takes 10-11 ms idle or beside a busy process; two threads take 6.2 ms idle
@@ -225,8 +227,9 @@ def save_checkpoint(path: Path, state: dict[str, Any]) -> None:
     os.replace(tmp, path)
 
 
-def load_checkpoint(path: str | os.PathLike, algo: str) -> dict[str, Any]:
-    """Load tensors and plain containers only (`weights_only=True`: nothing is unpickled)."""
+def load_checkpoint(path: str | os.PathLike, algo: str | None) -> dict[str, Any]:
+    """Load tensors and plain containers only (`weights_only=True`: nothing is unpickled); `algo`: the algorithm
+    it must belong to (None: any)."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"No checkpoint at {path}.")
@@ -237,7 +240,7 @@ def load_checkpoint(path: str | os.PathLike, algo: str) -> dict[str, Any]:
                          f"keelrl ({_one_line(err)}).") from None
     if not isinstance(state, dict) or "algo" not in state:
         raise ValueError(f"{path} is not a keelrl checkpoint (no 'algo' entry).")
-    if state["algo"] != algo:
+    if algo is not None and state["algo"] != algo:
         raise ValueError(f"{path} is a {state['algo']!r} checkpoint, not {algo!r}: load it with that agent.")
     return state
 
@@ -356,8 +359,9 @@ def run_cli(train: Callable[[Any], Any], config_cls: type, args: list[str] | Non
     return 0
 
 
-ALGORITHMS = ("sac", "td3", "sac_lag", "td3_lag", "cql", "iql", "riql", "stream_td", "stream_q", "stream_ac", "grpo")
-"""Every agent, by the name its runs record and its module under keelrl.agents carries."""
+ALGORITHMS = {"sac": "SAC", "td3": "TD3", "sac_lag": "SACLag", "td3_lag": "TD3Lag", "cql": "CQL", "iql": "IQL",
+              "riql": "RIQL", "stream_td": "StreamTD", "stream_q": "StreamQ", "stream_ac": "StreamAC", "grpo": "GRPO"}
+"""Every agent: the name its runs record and its module under keelrl.agents carries -> its agent class."""
 
 
 def apply_preset(config: Any, presets: dict[str, dict[str, Any]]) -> Any:
@@ -381,11 +385,15 @@ def agent_module(algo: str) -> ModuleType:
     return importlib.import_module(f"keelrl.agents.{algo}")
 
 
+def agent_class(algo: str) -> type:
+    """The agent class of keelrl.agents.<algo> (its `load` reads that algorithm's model.pt)."""
+    return getattr(agent_module(algo), ALGORITHMS[algo])
+
+
 def load_attacker(path: str) -> tuple[QFunction, Policy]:
     """The critic and deterministic policy, on raw observations, of the keelrl offline agent (CQL, IQL or RIQL)
     saved at `path`: what --corruption-mode adversarial perturbs the dataset against."""
-    algo = attack_model_algo(path)
-    attacker = getattr(agent_module(algo), algo.upper()).load(path).requires_grad_(False)
+    attacker = agent_class(attack_model_algo(path)).load(path).requires_grad_(False)
     return attacker.attack_q, attacker.attack_policy
 
 
@@ -416,6 +424,22 @@ class RunOptions:
     """no progress bar, and no progress lines"""
     progress_seconds: float = 30.0
     """when stdout is not a terminal (a log file, nohup, CI, a cluster job): seconds between plain progress lines"""
+    capture_video: bool = False
+    """film the first episode of every evaluation: RUN_DIR/videos/*.mp4 and videos.csv (return, cost, length), a
+    frame in TensorBoard (needs keelrl[video]; MuJoCo renders offscreen through EGL, else OSMesa)"""
+    track: bool = False
+    """log the run to Weights & Biases: config and every TensorBoard scalar (needs keelrl[wandb]; WANDB_MODE=offline
+    keeps it on this machine)"""
+    wandb_project: str = "keelrl"
+    """W&B project (with --track)"""
+    wandb_entity: str | None = None
+    """W&B entity, a user or team (with --track; default: your own)"""
+    wandb_group: str | None = None
+    """W&B group (with --track; the leaderboard gives each grid its own)"""
+
+
+WATCH_OPTIONS = ("quiet", "progress_seconds", "capture_video", "track", "wandb_project", "wandb_entity", "wandb_group")
+"""How a run is watched: under --resume these come from the new command line, not the saved config."""
 
 
 def require_positive_counts(config: Any, *names: str) -> None:
@@ -444,6 +468,18 @@ def validate_run_options(config: RunOptions, total: str) -> None:
                              f"{getattr(config, total)}: a run cannot be shortened.")
 
 
+def start_wandb(config: RunOptions, algo: str, run_dir: Path) -> Any:
+    """A W&B run following the TensorBoard logs of `run_dir`, with the config; a resumed run continues its W&B run."""
+    try:
+        import wandb
+    except ImportError:
+        raise ValueError("--track logs to Weights & Biases, which is not installed: pip install 'keelrl[wandb]'.") \
+            from None
+    return wandb.init(project=config.wandb_project, entity=config.wandb_entity, group=config.wandb_group,
+                      name=run_dir.name, id=re.sub(r"[^\w-]", "-", run_dir.name)[:64], resume="allow",
+                      config={"algo": algo, **dataclasses.asdict(config)}, dir=str(run_dir), sync_tensorboard=True)
+
+
 class Run:
     """One training run: its resolved config, checkpoint, directory, logs, progress and timing.
 
@@ -454,10 +490,10 @@ class Run:
     """
 
     def __init__(self, config: RunOptions, algo: str, validate: Callable[[Any], None], total: str,
-                 keep_from_command_line: tuple[str, ...] = ("quiet", "extend_to"),
+                 keep_from_command_line: tuple[str, ...] = (),
                  checkpoint_keys: tuple[str, ...] = ("global_step", "agent", "rng")):
-        config, self.dir, self.checkpoint = start_or_resume(config, algo, validate, keep_from_command_line,
-                                                            checkpoint_keys)
+        config, self.dir, self.checkpoint = start_or_resume(
+            config, algo, validate, (*WATCH_OPTIONS, "extend_to", *keep_from_command_line), checkpoint_keys)
         if config.extend_to is not None:  # the new end is saved, so a later plain --resume continues to it
             config = dataclasses.replace(config, **{total: config.extend_to}, extend_to=None)
             save_config(self.dir, algo, config)
@@ -476,7 +512,9 @@ class Run:
         self.recent_return = float("nan")
         self.recent_evaluation = float("nan")
         self._plain_progress = not config.quiet and not sys.stdout.isatty()
-        self._last_line = float("-inf")
+        self._last_line = (float("-inf"), 0)  # (time, step) of the last plain progress line
+        self._video: VideoSource | None = None
+        self._wandb = None
         set_threads(config.threads)
         seed_everything(config.seed)
 
@@ -488,15 +526,22 @@ class Run:
     def done(self) -> bool:
         return self.step >= self.total
 
-    def open(self, name: str, files: dict[str, str] | None = None) -> None:
+    def open(self, name: str, files: dict[str, str] | None = None, video: VideoSource | None = None) -> None:
         """Make a new run's directory runs_dir/{name}__{algo}__{seed}__{time} with config.json (and `files`:
-        file name -> text), or reopen the resumed one; start the logs, the progress bar and the clock.
+        file name -> text), or reopen the resumed one; start the logs (and W&B with --track), the progress bar
+        and the clock. `video`: what --capture-video films after each evaluation (None: the agent has no env).
         On resume, call it after restoring the checkpoint: it cuts the logs back to the checkpoint's step."""
+        if self.config.capture_video:
+            if video is None:
+                raise ValueError(f"--capture-video films an environment, and {self.algo} has none to film.")
+            self._video = self._video_or_none(video)
         if self.dir is None:
             self.dir = new_run_dir(self.config.runs_dir, name, self.algo, self.config.seed)
             save_config(self.dir, self.algo, self.config)
             for file_name, text in (files or {}).items():
                 (self.dir / file_name).write_text(text)
+        if self.config.track:
+            self._wandb = start_wandb(self.config, self.algo, self.dir)  # before the TensorBoard writer it follows
         self.logger = RunLogger(self.dir, resume_step=self.step if self.resumed else None)
         self._bar = progress_bar(self.total, self.step, self.config.quiet)
         self._start_time = time.perf_counter()
@@ -527,6 +572,38 @@ class Run:
             self._bar.close()
         if self.logger is not None:
             self.logger.close()
+        if self._wandb is not None:
+            self._wandb.finish()
+            self._wandb = None
+
+    def _video_or_none(self, video: VideoSource) -> VideoSource | None:
+        """`video` if this machine can render it offscreen, else None and one line saying what to install."""
+        try:
+            offscreen_gl_backend()
+        except VideoUnavailable as err:
+            print(f"--capture-video: {err}; training goes on without video.", file=sys.stderr)
+            return None
+        return video
+
+    def _film(self) -> None:
+        """Film an episode of the current policy (after an evaluation): videos/step{N}.mp4, a row of
+        videos/videos.csv and a frame in TensorBoard. A failure says why once and turns filming off."""
+        try:
+            episode = film_episode(self._video)
+            path = self.dir / "videos" / f"step{self.step:09d}.mp4"
+            write_mp4(path, episode.frames, episode.fps)
+        except Exception as err:  # VideoUnavailable, or one of the many types rendering raises without GL
+            print(f"--capture-video: no video ({_one_line(err)}); training goes on without video.", file=sys.stderr)
+            self._video = None
+            return
+        index = path.parent / "videos.csv"
+        new_index = not index.is_file()
+        with index.open("a") as f:
+            if new_index:
+                f.write("global_step,file,return,cost,length\n")
+            f.write(f"{self.step},{path.name},{episode.episode_return},{episode.cost},{len(episode.frames)}\n")
+        self.logger.writer.add_image("eval/video_frame", episode.frames[len(episode.frames) // 2], self.step,
+                                     dataformats="HWC")
 
     def speed(self) -> float:
         """Loop steps per second since `open`, evaluations and checkpoints left out."""
@@ -538,14 +615,15 @@ class Run:
         self.step += steps
         self._last_advance = steps
         self._bar.update(steps)
-        if self._plain_progress and time.perf_counter() - self._last_line >= self.config.progress_seconds:
+        if self._plain_progress and time.perf_counter() - self._last_line[0] >= self.config.progress_seconds:
             self._print_progress()
 
     def _print_progress(self) -> None:
-        """One plain line (for logs, where the progress bar shows nothing): steps, speed, latest training return
-        and evaluation, time left."""
-        self._last_line = time.perf_counter()
-        sps = self.speed()
+        """One plain line (for logs, where the progress bar shows nothing): steps, speed since the last line,
+        latest training return and evaluation, time left at that speed."""
+        now, (last_time, last_step) = time.perf_counter(), self._last_line
+        sps = self.speed() if last_time == float("-inf") else (self.step - last_step) / max(now - last_time, 1e-9)
+        self._last_line = (now, self.step)
         left = (self.total - self.step) / sps if sps > 0 else float("inf")
         eta = "?" if left == float("inf") else time.strftime("%H:%M:%S", time.gmtime(left))
         print(f"[{self.algo}] step {self.step}/{self.total} ({100 * self.step / self.total:.0f}%) | {sps:.1f} steps/s"
@@ -628,6 +706,8 @@ class Run:
         tick = time.perf_counter()
         if self.due(self.config.eval_freq):
             evaluate()
+            if self._video is not None:
+                self._film()
         if self.due(self.config.checkpoint_freq):
             checkpoint()
         self._busy += time.perf_counter() - tick
@@ -637,6 +717,8 @@ class Run:
         """After the loop: the final evaluation (its result is returned), the last checkpoint and model.pt."""
         self._loop_end = time.perf_counter()
         result = evaluate()
+        if self._video is not None:
+            self._film()
         checkpoint()
         save_model(self.dir / MODEL_FILE)
         return result

@@ -63,6 +63,7 @@ from keelrl.buffers.offline import (
     prepare_dataset,
     validate_dataset_options,
 )
+from keelrl.envs.video import gym_video
 from keelrl.networks import (
     CriticEnsemble,
     DeterministicActor,
@@ -296,9 +297,10 @@ class RIQL(nn.Module):
         return agent.to(device)
 
 
-def evaluate(agent: RIQL, env_id: str, episodes: int = 10, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
-    """Returns and costs of `episodes` episodes of the agent's deterministic policy."""
-    return evaluate_policy(lambda obs: agent.act(obs, deterministic=True), env_id, episodes, seed)
+def evaluate(agent: RIQL, env_id: str, episodes: int = 10, seed: int = 0,
+             deterministic: bool = True) -> tuple[np.ndarray, np.ndarray]:
+    """Returns and costs of `episodes` episodes of the agent's deterministic (or stochastic) policy."""
+    return evaluate_policy(lambda obs: agent.act(obs, deterministic=deterministic), env_id, episodes, seed)
 
 
 def train(config: RIQLConfig) -> TrainResult:
@@ -320,7 +322,8 @@ def train(config: RIQLConfig) -> TrainResult:
         run.restore(agent, numpy_rng)
         with run.restoring():
             buffer.generator.set_state(run.checkpoint["sampler"])
-    run.open(env_id, files={"dataset.json": json.dumps(summary, indent=2)})  # logs start from the restored state
+    run.open(env_id, files={"dataset.json": json.dumps(summary, indent=2)},  # logs start from the restored state
+             video=gym_video(env_id, lambda obs: agent.act(obs, deterministic=True), config.seed + 10_000))
 
     def write_checkpoint() -> None:
         run.save_checkpoint(agent, numpy_rng, sampler=buffer.generator.get_state())

@@ -42,6 +42,7 @@ from keelrl.agents.harness import (
 )
 from keelrl.buffers import Batch, ReplayBuffer
 from keelrl.envs import make_vec_env, require_box_actions
+from keelrl.envs.video import gym_video
 from keelrl.networks import (
     NetworkOptions,
     RewardScaler,
@@ -318,9 +319,10 @@ class SAC(nn.Module):
         return agent.to(device)
 
 
-def evaluate(agent: SAC, env_id: str, episodes: int = 10, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
-    """Returns and costs of `episodes` episodes of the agent's deterministic policy."""
-    return evaluate_policy(lambda obs: agent.act(obs, deterministic=True), env_id, episodes, seed)
+def evaluate(agent: SAC, env_id: str, episodes: int = 10, seed: int = 0,
+             deterministic: bool = True) -> tuple[np.ndarray, np.ndarray]:
+    """Returns and costs of `episodes` episodes of the agent's deterministic (or stochastic) policy."""
+    return evaluate_policy(lambda obs: agent.act(obs, deterministic=deterministic), env_id, episodes, seed)
 
 
 def train(config: SACConfig) -> TrainResult:
@@ -344,7 +346,9 @@ def train(config: SACConfig) -> TrainResult:
         if agent.reward_scaler is not None:
             agent.reward_scaler.reset_returns()
 
-    run.open(config.env_id)  # after the restore: a damaged checkpoint fails before the logs are cut back to it
+    # after the restore: a damaged checkpoint fails before the logs are cut back to it
+    run.open(config.env_id, video=gym_video(config.env_id, lambda obs: agent.act(obs, deterministic=True),
+                                            config.seed + 10_000))
 
     def write_checkpoint() -> None:
         run.save_replay(buffer)

@@ -37,11 +37,13 @@ from keelrl.agents.harness import (
 )
 from keelrl.envs.streaming_wrappers import (
     Transition,
+    frozen_stream_env,
     load_stream_env_state,
     make_stream_env,
     stream_env_state,
     stream_returns_and_costs,
 )
+from keelrl.envs.video import VideoSource, render_kwargs
 from keelrl.networks.streaming import ObGD, StreamMLP
 from keelrl.networks.training import pack_training_state, unpack_training_state
 
@@ -195,18 +197,19 @@ class StreamQ(nn.Module):
         return agent
 
 
-def make_env(config: StreamQConfig, env_id: str | None = None) -> gym.Env:
-    """`config.env_id` (or `env_id`) behind the streaming wrappers `config` asks for."""
-    return make_stream_env(env_id or config.env_id, config.gamma, config.normalize_obs, config.scale_rewards,
-                           config.time_feature)
+def make_env(config: StreamQConfig, env_id: str | None = None, rendering: bool = False) -> gym.Env:
+    """`config.env_id` (or `env_id`) behind the streaming wrappers `config` asks for (rendering frames for videos)."""
+    env_id = env_id or config.env_id
+    return make_stream_env(env_id, config.gamma, config.normalize_obs, config.scale_rewards, config.time_feature,
+                           env_kwargs=render_kwargs(env_id) if rendering else None)
 
 
-def evaluate(agent: StreamQ, env_id: str, episodes: int = 10, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+def evaluate(agent: StreamQ, env_id: str, episodes: int = 10, seed: int = 0,
+             deterministic: bool = True) -> tuple[np.ndarray, np.ndarray]:
     """Undiscounted returns and costs of `episodes` episodes of the greedy policy, on an env with the
     agent's normaliser statistics, frozen; episode i is seeded seed + i."""
-    env = make_env(agent.config, env_id)
-    load_stream_env_state(env, agent.env_state)
-    return stream_returns_and_costs(env, lambda obs: agent.act(obs, deterministic=True), episodes, seed)
+    env = frozen_stream_env(make_env(agent.config, env_id), agent.env_state)
+    return stream_returns_and_costs(env, lambda obs: agent.act(obs, deterministic=deterministic), episodes, seed)
 
 
 def train(config: StreamQConfig) -> TrainResult:
@@ -225,7 +228,10 @@ def train(config: StreamQConfig) -> TrainResult:
             run.restore(agent, agent.rng)
             with run.restoring():
                 load_stream_env_state(env, run.checkpoint["env"])
-        run.open(config.env_id)  # a new run gets its directory once the env and agent are known to work
+        # a new run gets its directory once the env and agent are known to work; videos film the evaluation env
+        run.open(config.env_id, video=VideoSource(
+            lambda: frozen_stream_env(make_env(config, rendering=True), agent.env_state),
+            lambda obs: agent.act(obs, deterministic=True), config.seed + 10_000))
 
         def evaluate_now() -> tuple[np.ndarray, np.ndarray]:
             agent.env_state = stream_env_state(env)

@@ -29,6 +29,7 @@ from keelrl.agents.td3 import TD3, TD3Config, evaluate, resolve
 from keelrl.agents.td3 import validate as validate_td3
 from keelrl.buffers import Batch, ReplayBuffer
 from keelrl.envs import make_vec_env, require_box_actions
+from keelrl.envs.video import gym_video
 from keelrl.networks import build_critic, compiled, frozen, make_optimizer, optimizer_step, soft_update
 
 ALGO = "td3_lag"
@@ -133,7 +134,9 @@ def train(config: TD3LagConfig) -> TrainResult:
         if agent.reward_scaler is not None:
             agent.reward_scaler.reset_returns()
 
-    run.open(config.env_id)  # after the restore: a damaged checkpoint fails before the logs are cut back to it
+    # after the restore: a damaged checkpoint fails before the logs are cut back to it
+    run.open(config.env_id, video=gym_video(config.env_id, lambda obs: agent.act(obs, deterministic=True),
+                                            config.seed + 10_000))
 
     def write_checkpoint() -> None:
         run.save_replay(buffer)

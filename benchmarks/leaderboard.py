@@ -232,13 +232,15 @@ class Cell:
             return "resume", max(resumable, key=lambda d: (d / CHECKPOINT_FILE).stat().st_mtime)
         return "new", None
 
-    def command(self) -> list[str]:
-        """The agent's command line for this cell's next attempt (a new run or --resume)."""
+    def command(self, track: bool = False) -> list[str]:
+        """The agent's command line for this cell's next attempt (a new run or --resume); with `track`, logged to
+        W&B in a group named after the grid."""
         state, run_dir = self.state()
         module = ["-m", f"keelrl.agents.{self.agent.module}"]
+        watch = ["--quiet", *(["--track", "--wandb-group", self.grid.name] if track else [])]
         if state == "resume":
-            return [*module, "--resume", str(run_dir.resolve()), "--quiet"]
-        return [*module, *self.args, "--runs-dir", str(self.cell_dir.resolve()), "--quiet"]
+            return [*module, "--resume", str(run_dir.resolve()), *watch]
+        return [*module, *self.args, "--runs-dir", str(self.cell_dir.resolve()), *watch]
 
     def record(self) -> dict[str, Any]:
         path = self.cell_dir / CELL_FILE
@@ -401,7 +403,7 @@ def _run_on_ray(jobs: list[Job], address: str, workers: int, on_done: Callable[[
 
 def run_grids(
     grids: list[Grid], runs_dir: Path, workers: int = 2, ray_address: str | None = None, dry_run: bool = False,
-    log: Callable[[str], None] = print, invocation: str = "",
+    log: Callable[[str], None] = print, invocation: str = "", track: bool = False,
 ) -> list[RunResult]:
     """Run every unfinished cell of the grids; the RunResult of every cell, in grid order.
 
@@ -416,7 +418,7 @@ def run_grids(
     runnable = [cell for cell in cells if cell.agent.module not in unavailable]
     for cell in runnable:
         cell.check_unchanged()
-    jobs = [(cell, cell.state()[0], cell.command()) for cell in runnable if cell.state()[0] != "done"]
+    jobs = [(cell, cell.state()[0], cell.command(track)) for cell in runnable if cell.state()[0] != "done"]
     done = len(runnable) - len(jobs)
     resumes = sum(mode == "resume" for _, mode, _ in jobs)
     log(f"{len(cells)} cells: {done} finished (skipped), {resumes} to resume, {len(jobs) - resumes} to start, "
@@ -506,6 +508,8 @@ class Args:
     """stratified-bootstrap resamples of the IQM confidence interval"""
     note: str = ""
     """a line for the Markdown header (e.g. how the machine was shared)"""
+    track: bool = False
+    """log every run to Weights & Biases (keelrl[wandb]), each grid in its own group"""
 
 
 def grids_from_args(args: Args) -> list[Grid]:
@@ -575,7 +579,7 @@ def main(argv: list[str] | None = None) -> int:
         argv = sys.argv[1:] if argv is None else argv
         invocation = f"python -m keelrl.benchmarks.leaderboard {shlex.join(shareable_arguments(argv))}"
         results = run_grids(grids, Path(args.runs_dir), args.workers, args.ray, args.dry_run or args.report_only,
-                            invocation=invocation)
+                            invocation=invocation, track=args.track)
         if args.dry_run:
             return 0
         from keelrl.benchmarks.report import write_report

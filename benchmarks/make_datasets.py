@@ -1,7 +1,7 @@
 """Make D4RL-style offline datasets with keelrl's SAC and store them as Minari datasets.
 
 Run:  python -m keelrl.benchmarks.make_datasets --env-id Hopper-v5                 # full D4RL scale (1M)
-      python -m keelrl.benchmarks.make_datasets --env-id Hopper-v5 --steps 2000 --sac-steps 20000
+      python -m keelrl.benchmarks.make_datasets --env-id Hopper-v5 --quick         # a quick look (~3 minutes)
 Load: keelrl.buffers.offline.load_dataset("keelrl/hopper-medium-v0")  (or --dataset of any offline agent)
 
 The D4RL recipe (Fu et al. 2020), for one environment:
@@ -12,7 +12,10 @@ The D4RL recipe (Fu et al. 2020), for one environment:
 - `medium-replay`: the replay buffer of that medium run (every transition seen until it stopped);
 - `expert`: the same SAC run continued to `--sac-steps`; `--steps` transitions of it;
 - `medium-expert`: medium followed by expert.
-Every dataset records `ref_min_score` (mean return of the random policy) and `ref_max_score` (mean
+`--quick` makes keelrl/{env}-{random,medium,medium-replay}-quick-v0 in a few minutes: SAC trains for only
+10,000 environment steps and its policy then is "medium" whatever its return (a weak policy, not D4RL's
+medium), 10,000 transitions each. Every dataset's Minari description says how its policy was made (SAC's
+budget and evaluation return). Every dataset records `ref_min_score` (mean return of the random policy) and `ref_max_score` (mean
 return of the deterministic expert) over `--ref-episodes` episodes; without an expert in the run,
 D4RL's expert reference return is used (and said).
 
@@ -90,12 +93,28 @@ class MakeDatasetsConfig:
     """where the SAC run and finished policies are kept (default: runs/make_datasets/{env_id})"""
     version: int = 0
     """dataset version: ids are keelrl/{env}-{kind}-v{version}"""
+    quick: bool = False
+    """a quick look (about 3 minutes on 2 cores): random, medium and medium-replay of 10,000 transitions, "medium"
+    being SAC after only 10,000 steps whatever its return; ids keelrl/{env}-{kind}-quick-v{version} (options given
+    explicitly keep their values)"""
     quiet: bool = False
     """no progress bars"""
 
 
-def dataset_id(env_id: str, kind: str, version: int = 0) -> str:
-    return f"keelrl/{env_family(env_id)}-{kind}-v{version}"
+QUICK = {"datasets": ("random", "medium", "medium-replay"), "steps": 10_000, "sac_steps": 10_000, "eval_every": 10_000,
+         "ref_episodes": 20}
+"""What --quick changes (options left at their defaults only); the medium policy is SAC at the end of sac_steps."""
+
+
+def with_quick(config: MakeDatasetsConfig) -> MakeDatasetsConfig:
+    """`config` with --quick's values for the options left at their defaults."""
+    defaults = MakeDatasetsConfig()
+    return dataclasses.replace(config, **{name: value for name, value in QUICK.items()
+                                          if getattr(config, name) == getattr(defaults, name)})
+
+
+def dataset_id(env_id: str, kind: str, version: int = 0, quick: bool = False) -> str:
+    return f"keelrl/{env_family(env_id)}-{kind}{'-quick' if quick else ''}-v{version}"
 
 
 def collect(env_id: str, policy: Callable[[np.ndarray], np.ndarray], steps: int, num_envs: int, seed: int,
@@ -172,10 +191,10 @@ class DatasetMaker:
     def __init__(self, config: MakeDatasetsConfig):
         self.config = config
         self.data_path = Path(config.data_path) if config.data_path else default_data_path()
-        self.work = Path(config.work_dir or Path("runs") / "make_datasets" / config.env_id)
+        self.work = Path(config.work_dir or Path("runs") / "make_datasets" / (config.env_id + "-quick" * config.quick))
         self.work.mkdir(parents=True, exist_ok=True)
         family = env_family(config.env_id)
-        self.medium_return = config.medium_return
+        self.medium_return = float("inf") if config.quick else config.medium_return  # quick: SAC at sac_steps
         if self.medium_return is None:
             if family not in D4RL_REF_SCORES:
                 raise ValueError(f"No D4RL expert return is known for {config.env_id}: give --medium-return.")
@@ -220,11 +239,36 @@ class DatasetMaker:
         while not model.is_file():
             step = min(self.config.sac_steps, (step // self.config.eval_every + 1) * self.config.eval_every)
             run_dir, eval_return = self._train_sac_to(step)
-            self.log(f"SAC step {step}: evaluation return {eval_return:.1f} (medium at {self.medium_return:.1f})")
+            goal = "--quick: medium is SAC at --sac-steps" if self.config.quick else f"medium at {self.medium_return:.1f}"
+            self.log(f"SAC step {step}: evaluation return {eval_return:.1f} ({goal})")
             if eval_return >= self.medium_return or step >= self.config.sac_steps:
                 shutil.copy(run_dir / "buffer.pt", buffer)
                 shutil.copy(run_dir / "model.pt", model)
+                self._write_provenance("medium", step, eval_return)
         return model, buffer
+
+    def _write_provenance(self, policy: str, step: int, eval_return: float) -> None:
+        (self.work / f"{policy}.json").write_text(json.dumps({"sac_steps": step, "eval_return": eval_return}))
+
+    def provenance(self, kind: str) -> str:
+        """How the policy behind dataset `kind` was made, for its Minari description."""
+        if kind == "random":
+            return "uniform random actions"
+        if kind == "medium-expert":
+            return f"{self.provenance('medium')}, then {self.provenance('expert')}"
+        policy = "expert" if kind == "expert" else "medium"
+        given = self.config.expert_model if policy == "expert" else self.config.medium_model
+        if given:
+            return f"the keelrl SAC model given as --{policy}-model ({Path(given).name})"
+        record = self.work / f"{policy}.json"
+        if not record.is_file():  # a policy made before keelrl recorded how
+            return f"keelrl SAC (CleanRL defaults, seed {self.config.seed}; budget and return not recorded)"
+        made = json.loads(record.read_text())
+        what = (f"keelrl SAC (CleanRL defaults, seed {self.config.seed}) after {made['sac_steps']} environment steps, "
+                f"deterministic evaluation return {made['eval_return']:.1f} over 10 episodes")
+        if kind == "medium-replay":
+            return f"every transition in the replay buffer of the run of {what}"
+        return f"{what}; actions sampled from it"
 
     def expert_file(self) -> Path:
         if self.config.expert_model:
@@ -235,6 +279,7 @@ class DatasetMaker:
             run_dir, eval_return = self._train_sac_to(self.config.sac_steps)
             self.log(f"SAC step {self.config.sac_steps}: expert evaluation return {eval_return:.1f}")
             shutil.copy(run_dir / "model.pt", model)
+            self._write_provenance("expert", self.config.sac_steps, eval_return)
         return model
 
     def has_expert(self) -> bool:
@@ -289,15 +334,16 @@ class DatasetMaker:
 
     def make(self, kind: str) -> str:
         """Write dataset `kind` unless it exists; its id."""
-        identifier = dataset_id(self.config.env_id, kind, self.config.version)
+        identifier = dataset_id(self.config.env_id, kind, self.config.version, self.config.quick)
         if (self.data_path / identifier / "data" / "metadata.json").is_file():
             self.log(f"{identifier}: exists in {self.data_path}, kept")
             return identifier
         data = self.data_for(kind)
         ref_min, ref_max = self.reference_scores()
         write_minari_dataset(identifier, data, self.config.env_id, self.data_path, ref_min, ref_max,
-                             description=f"D4RL-style {kind} dataset of {self.config.env_id} made by keelrl's SAC "
-                                         f"(keelrl.benchmarks.make_datasets)", algorithm_name=f"keelrl SAC ({kind})")
+                             description=f"D4RL-style {kind} dataset of {self.config.env_id} made by "
+                                         f"keelrl.benchmarks.make_datasets{' --quick' * self.config.quick}; policy: "
+                                         f"{self.provenance(kind)}", algorithm_name=f"keelrl SAC ({kind})")
         returns = episode_returns(data)
         self.log(f"{identifier}: {len(data['rewards'])} transitions, {len(returns)} episodes, mean return "
                  f"{returns.mean():.1f} (normalised {normalized_score(returns.mean(), ref_min, ref_max):.1f}) "
@@ -318,6 +364,8 @@ def validate(config: MakeDatasetsConfig) -> None:
 
 def make_datasets(config: MakeDatasetsConfig) -> list[str]:
     """Make the configured datasets; their Minari ids."""
+    if config.quick:
+        config = with_quick(config)
     validate(config)
     maker = DatasetMaker(config)
     return [maker.make(kind) for kind in config.datasets]

@@ -201,6 +201,14 @@ def set_stream_env_training(env: gym.Env, mode: bool) -> None:
         wrapper.training = mode
 
 
+def frozen_stream_env(env: gym.Env, state: dict[str, dict[str, torch.Tensor]]) -> gym.Env:
+    """`env` with the streaming wrappers' statistics and return trace of `state` (`stream_env_state`), frozen: the
+    env an agent is evaluated or filmed on."""
+    load_stream_env_state(env, state)
+    set_stream_env_training(env, False)
+    return env
+
+
 class Transition(NamedTuple):
     """One step of experience, as the streaming env returned it (normalised observation, scaled reward)."""
 

@@ -1,6 +1,9 @@
 """Offline datasets: D4RL layout round trips through Minari, timeouts vs terminals, normalised scores,
 the dataset buffer, make_datasets at a tiny scale, and clear errors for bad input."""
 
+import csv
+import json
+
 import gymnasium as gym
 import numpy as np
 import pytest
@@ -299,3 +302,25 @@ def test_make_datasets_tiny_scale(tmp_path, capsys):
                 done[i] = terminated or truncated
     assert info.ref_min_score == pytest.approx(np.mean(returns), rel=1e-12)
     assert main(args) == 0 and "exists" in capsys.readouterr().err  # a rerun keeps what exists
+
+
+def test_make_datasets_quick_path_takes_sac_at_its_budget_and_says_so_in_the_metadata(tmp_path, capsys):
+    # (InvertedPendulum has no D4RL expert return: an expert, here the same SAC run, gives the reference)
+    args = ["--env-id", "InvertedPendulum-v5", "--quick", "--datasets", "random", "medium", "medium-replay", "expert",
+            "--steps", "200", "--sac-steps", "300", "--eval-every", "150", "--learning-starts", "100", "--ref-episodes",
+            "3", "--num-envs", "2", "--data-path", str(tmp_path / "data"), "--work-dir", str(tmp_path / "work"),
+            "--quiet"]
+    assert main(args) == 0
+    ids = capsys.readouterr().out.split()[-4:-1]
+    assert ids == [f"keelrl/invertedpendulum-{kind}-quick-v0" for kind in ("random", "medium", "medium-replay")]
+    assert len(load_dataset(ids[2], data_path=tmp_path / "data")["rewards"]) == 300  # medium at the budget, not before
+    with open(tmp_path / "work" / "sac" / next(p.name for p in (tmp_path / "work" / "sac").iterdir()) / "eval.csv") as f:
+        last = list(csv.DictReader(f))[-1]
+    described = {kind: json.loads((tmp_path / "data" / i / "data" / "metadata.json").read_text())["description"]
+                 for kind, i in zip(("random", "medium", "medium-replay"), ids)}
+    assert described["random"].endswith("policy: uniform random actions")
+    made = (f"keelrl SAC (CleanRL defaults, seed 1) after 300 environment steps, deterministic evaluation return "
+            f"{float(last['mean_return']):.1f} over 10 episodes")
+    assert described["medium"].endswith(f"policy: {made}; actions sampled from it")
+    assert described["medium-replay"].endswith(f"policy: every transition in the replay buffer of the run of {made}")
+    assert "make_datasets --quick" in described["medium"]

@@ -1,0 +1,163 @@
+"""Evaluate a saved agent: a run directory or a model.pt of any keelrl agent that acts in an environment.
+
+Run:  python -m keelrl.agents.evaluate runs/Hopper-v5__sac__1__1795250000 --episodes 10
+      python -m keelrl.agents.evaluate path/to/model.pt --env-id Hopper-v5 --stochastic --capture-video
+
+Prints the mean ± std return (and cost) over the episodes and writes one row per episode to a CSV
+(default: evaluation.csv beside the model). Episode i is seeded seed + i, as the `evaluate()` of the agent's
+module seeds them, so this command and that function give the same returns for the same seed. With
+--capture-video the first episode is also written as an MP4 under videos/ beside the model.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import json
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import gymnasium as gym
+import numpy as np
+import tyro
+
+from keelrl.agents.harness import MODEL_FILE, agent_class, agent_module, load_checkpoint, restoring
+from keelrl.envs.streaming_wrappers import frozen_stream_env
+from keelrl.envs.video import (
+    VideoSource,
+    VideoUnavailable,
+    film_episode,
+    gym_video,
+    offscreen_gl_backend,
+    write_mp4,
+)
+
+STREAMING = ("stream_td", "stream_q", "stream_ac")
+
+
+@dataclasses.dataclass
+class EvaluateConfig:
+    path: Annotated[str, tyro.conf.Positional]
+    """a run directory (its model.pt is evaluated) or a model.pt of a keelrl agent"""
+    episodes: int = 10
+    """episodes to play"""
+    seed: int = 0
+    """episode i is seeded seed + i"""
+    stochastic: bool = False
+    """sample actions from the policy instead of playing its deterministic action"""
+    env_id: str | None = None
+    """environment (default: the one the agent trained on, or its dataset's)"""
+    capture_video: bool = False
+    """also film the first episode: videos/evaluate_{env}_seed{seed}.mp4 beside the model"""
+    csv: str | None = None
+    """where to write one row per episode (default: evaluation.csv beside the model)"""
+
+
+@dataclasses.dataclass
+class Evaluation:
+    """What `evaluate_saved` returns."""
+
+    algo: str
+    env_id: str
+    returns: np.ndarray
+    costs: np.ndarray
+    csv_path: Path
+    video_path: Path | None
+
+
+def model_path(path: str) -> Path:
+    """The model.pt a path names: the file itself, or RUN_DIR/model.pt."""
+    given = Path(path)
+    if given.is_dir():
+        if not (given / MODEL_FILE).is_file():
+            raise FileNotFoundError(f"{given} has no {MODEL_FILE}: the run has not finished (resume it with "
+                                    f"--resume {given}), or it is not a keelrl run directory.")
+        return given / MODEL_FILE
+    if not given.is_file():
+        raise FileNotFoundError(f"No run directory or model file at {given}.")
+    return given
+
+
+def saved_env_id(state: dict[str, Any], model: Path) -> str | None:
+    """The env the saved agent acts in: its config's env_id, else the run's dataset.json (offline agents)."""
+    env_id = state["config"].get("env_id")
+    dataset_summary = model.parent / "dataset.json"
+    if env_id is None and dataset_summary.is_file():
+        env_id = json.loads(dataset_summary.read_text()).get("env_id")
+    return env_id
+
+
+def check_observations(agent: Any, env_id: str, algo: str) -> None:
+    """Refuse an env whose observations do not have the size the saved networks take."""
+    expected = getattr(agent, "obs_dim", None)
+    if algo in STREAMING:
+        env = agent_module(algo).make_env(agent.config, env_id)  # the streaming wrappers may add a time feature
+    else:
+        env = gym.make(env_id)
+    size = int(np.prod(env.observation_space.shape))
+    env.close()
+    if expected is not None and size != expected:
+        raise ValueError(f"{env_id} gives {size}-dimensional observations, but the saved {algo} agent takes "
+                         f"{expected}: evaluate it on the environment it was trained for.")
+
+
+def video_source(agent: Any, algo: str, env_id: str, config: EvaluateConfig) -> VideoSource:
+    act = agent.act
+    if algo in STREAMING:
+        return VideoSource(lambda: frozen_stream_env(agent_module(algo).make_env(agent.config, env_id, rendering=True),
+                                                     agent.env_state),
+                           lambda obs: act(obs, deterministic=not config.stochastic), config.seed)
+    return gym_video(env_id, lambda obs: act(obs, deterministic=not config.stochastic), config.seed)
+
+
+def evaluate_saved(config: EvaluateConfig) -> Evaluation:
+    """Load the saved agent, play `episodes` episodes, write the CSV (and the video)."""
+    if config.episodes < 1:
+        raise ValueError(f"--episodes must be positive, got {config.episodes}.")
+    model = model_path(config.path)
+    state = load_checkpoint(model, algo=None)
+    algo = state["algo"]
+    agent_module(algo)  # an algorithm keelrl does not have is refused here
+    if algo == "grpo":
+        raise ValueError(f"{model} is a GRPO language model: it has no environment to play; evaluate it with "
+                         f"keelrl.agents.grpo.evaluate on a task's held-out prompts.")
+    env_id = config.env_id or saved_env_id(state, model)
+    if env_id is None:
+        raise ValueError(f"{model} does not say which environment it acts in: give --env-id.")
+    with restoring(model):
+        agent = agent_class(algo).load(model)
+    check_observations(agent, env_id, algo)
+    returns, costs = agent_module(algo).evaluate(agent, env_id, config.episodes, config.seed,
+                                                 deterministic=not config.stochastic)
+    csv_path = Path(config.csv) if config.csv else model.parent / "evaluation.csv"
+    with csv_path.open("w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(["episode", "seed", "return", "cost"])
+        writer.writerows([i, config.seed + i, float(r), float(c)] for i, (r, c) in enumerate(zip(returns, costs)))
+    video_path = None
+    if config.capture_video:
+        offscreen_gl_backend()
+        episode = film_episode(video_source(agent, algo, env_id, config))
+        video_path = model.parent / "videos" / f"evaluate_{env_id.replace('/', '_')}_seed{config.seed}.mp4"
+        write_mp4(video_path, episode.frames, episode.fps)
+    return Evaluation(algo, env_id, returns, costs, csv_path, video_path)
+
+
+def main(args: list[str] | None = None) -> int:
+    config = tyro.cli(EvaluateConfig, args=args)
+    try:
+        result = evaluate_saved(config)
+    except (ValueError, FileNotFoundError, VideoUnavailable) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    policy = "stochastic" if config.stochastic else "deterministic"
+    print(f"{result.algo} on {result.env_id}, {len(result.returns)} episodes ({policy} policy, seeds {config.seed}"
+          f"-{config.seed + len(result.returns) - 1}): return {result.returns.mean():.1f} ± {result.returns.std():.1f}, "
+          f"cost {result.costs.mean():.1f} ± {result.costs.std():.1f}")
+    print(f"episodes written to {result.csv_path}" + (f"; video {result.video_path}" if result.video_path else ""))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,166 @@
+"""Seeing what an agent learned: --capture-video, --track (W&B, offline), and the evaluation command."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from keelrl.agents import iql, sac, stream_q
+from keelrl.agents.evaluate import main as evaluate_main
+from keelrl.agents.harness import run_cli
+from keelrl.benchmarks.make_datasets import collect
+from keelrl.envs.video import VideoUnavailable, offscreen_gl_backend
+
+TINY_SAC = dict(env_id="InvertedPendulum-v5", total_timesteps=300, learning_starts=200, batch_size=16,
+                hidden_sizes=(16, 16), eval_freq=150, eval_episodes=2, quiet=True)
+
+
+def rendering_or_skip() -> None:
+    pytest.importorskip("imageio_ffmpeg", reason="MP4 writing needs keelrl[video]: pip install 'keelrl[video]'")
+    try:
+        offscreen_gl_backend()
+    except VideoUnavailable as err:
+        pytest.skip(f"no offscreen rendering on this machine: {err}")
+
+
+def test_capture_video_films_the_first_evaluation_episode_of_every_evaluation(tmp_path):
+    rendering_or_skip()
+    import imageio.v2 as imageio
+
+    result = sac.train(sac.SACConfig(**TINY_SAC, capture_video=True, runs_dir=str(tmp_path)))
+    with open(result.run_dir / "videos" / "videos.csv") as f:
+        rows = list(csv.DictReader(f))
+    with open(result.run_dir / "eval.csv") as f:
+        evaluations = list(csv.DictReader(f))
+    assert [int(row["global_step"]) for row in rows] == [150, 300]
+    for row in rows:
+        frames = imageio.mimread(result.run_dir / "videos" / row["file"], memtest=False)
+        assert len(frames) == int(row["length"]) > 0  # a frame per step of the filmed episode
+        assert frames[0].shape == (480, 480, 3) and np.asarray(frames[0]).std() > 0  # not a blank picture
+    # the film is evaluation episode 0 (same seed, deterministic policy): its return is the last evaluation's
+    assert float(rows[-1]["return"]) == pytest.approx(result.final_eval_returns[0])
+    assert float(evaluations[-1]["mean_return"]) == pytest.approx(result.final_eval_returns.mean())
+
+
+def test_capture_video_is_refused_for_an_agent_without_an_environment(tmp_path, capsys):
+    pytest.importorskip("transformers")
+    from keelrl.agents import grpo
+
+    args = ["--iterations", "1", "--warmup-steps", "0", "--runs-dir", str(tmp_path), "--capture-video", "--quiet"]
+    assert run_cli(grpo.train, grpo.GRPOConfig, args=args) == 2
+    assert capsys.readouterr().err.strip() == "error: --capture-video films an environment, and grpo has none to film."
+    assert not list(tmp_path.iterdir())  # refused before a run directory was made
+
+
+def wandb_records(path: Path):
+    """The records of an offline W&B run file (LevelDB log blocks of 32 KiB after a 7-byte header)."""
+    from wandb.proto import wandb_internal_pb2
+
+    data, position, chunks = path.read_bytes(), 7, []
+    while position + 7 <= len(data):
+        if 32768 - position % 32768 < 7:  # a block's tail too short for a record header is padding
+            position += 32768 - position % 32768
+            continue
+        length, kind = int.from_bytes(data[position + 4:position + 6], "little"), data[position + 6]
+        if length == 0 and kind == 0:
+            break
+        chunks.append(data[position + 7:position + 7 + length])
+        position += 7 + length
+        if kind in (1, 4):  # a whole record, or the last piece of one
+            yield wandb_internal_pb2.Record.FromString(b"".join(chunks))
+            chunks = []
+
+
+def test_track_writes_an_offline_wandb_run_with_the_config_and_the_scalars(tmp_path, monkeypatch):
+    pytest.importorskip("wandb", reason="W&B tracking needs keelrl[wandb]: pip install 'keelrl[wandb]'")
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    result = sac.train(sac.SACConfig(**TINY_SAC, track=True, wandb_group="tests", runs_dir=str(tmp_path)))
+    (run_file,) = result.run_dir.glob("wandb/offline-run-*/run-*.wandb")
+    config, keys, returns = {}, set(), []
+    for record in wandb_records(run_file):
+        kind = record.WhichOneof("record_type")
+        if kind == "run":
+            config.update({item.key: json.loads(item.value_json) for item in record.run.config.update})
+            assert record.run.run_group == "tests"
+        elif kind == "history":
+            items = {item.key or "/".join(item.nested_key): item.value_json for item in record.history.item}
+            keys |= set(items)
+            if "charts/episodic_return" in items:
+                returns.append(float(items["charts/episodic_return"]))
+    assert config["algo"] == "sac" and config["env_id"] == "InvertedPendulum-v5" and config["total_timesteps"] == 300
+    assert {"charts/episodic_return", "eval/episodic_return"} <= keys
+    with open(result.run_dir / "episodes.csv") as f:
+        assert returns == pytest.approx([float(row["return"]) for row in csv.DictReader(f)])
+
+
+def test_the_evaluation_command_gives_what_evaluate_gives(tmp_path, capsys):
+    result = sac.train(sac.SACConfig(**TINY_SAC, runs_dir=str(tmp_path)))
+    capsys.readouterr()
+    assert evaluate_main([str(result.run_dir), "--episodes", "3", "--seed", "7"]) == 0
+    out = capsys.readouterr().out
+    agent = sac.SAC.load(result.run_dir / "model.pt")
+    returns, costs = sac.evaluate(agent, "InvertedPendulum-v5", episodes=3, seed=7)
+    assert f"return {returns.mean():.1f} ± {returns.std():.1f}, cost 0.0 ± 0.0" in out
+    with open(result.run_dir / "evaluation.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert [int(row["seed"]) for row in rows] == [7, 8, 9]
+    assert [float(row["return"]) for row in rows] == pytest.approx(returns.tolist())
+    # stochastic actions differ from the deterministic ones (a Gaussian policy, fresh samples)
+    assert evaluate_main([str(result.run_dir / "model.pt"), "--episodes", "3", "--seed", "7", "--stochastic",
+                          "--csv", str(tmp_path / "stochastic.csv")]) == 0
+    assert "stochastic policy" in capsys.readouterr().out
+
+
+def test_the_evaluation_command_finds_an_offline_agents_environment_and_a_streaming_agents_statistics(tmp_path,
+                                                                                                      capsys):
+    rng = np.random.default_rng(0)
+    np.savez(tmp_path / "data.npz", **collect("InvertedPendulum-v5", lambda obs: rng.uniform(-3, 3, (len(obs), 1)),
+                                              200, 2, seed=0))
+    offline = iql.train(iql.IQLConfig(dataset=str(tmp_path / "data.npz"), env_id="InvertedPendulum-v5",
+                                      total_updates=20, batch_size=16, hidden_sizes=(16, 16), eval_freq=0,
+                                      eval_episodes=2, runs_dir=str(tmp_path), quiet=True))
+    capsys.readouterr()
+    assert evaluate_main([str(offline.run_dir), "--episodes", "2"]) == 0
+    assert capsys.readouterr().out.startswith("iql on InvertedPendulum-v5, 2 episodes")  # the dataset's env
+    streaming = stream_q.train(stream_q.StreamQConfig(env_id="CartPole-v1", total_timesteps=300, hidden_sizes=(8, 8),
+                                                      eval_freq=0, eval_episodes=2, runs_dir=str(tmp_path),
+                                                      quiet=True))
+    capsys.readouterr()
+    assert evaluate_main([str(streaming.run_dir), "--episodes", "2", "--seed", "10001"]) == 0
+    out = capsys.readouterr().out  # the training's final evaluation used seeds 10001-10002: the same episodes
+    assert f"return {streaming.final_eval_returns.mean():.1f} ± {streaming.final_eval_returns.std():.1f}" in out
+
+
+@pytest.mark.parametrize("case", ["missing", "corrupt", "unfinished", "wrong_env", "no_env"])
+def test_the_evaluation_command_refuses_bad_input_in_one_line(case, tmp_path, capsys):
+    args = {"missing": [str(tmp_path / "nothing")]}.get(case)
+    if case == "corrupt":
+        (tmp_path / "model.pt").write_bytes(b"not a model")
+        args = [str(tmp_path / "model.pt")]
+    elif case == "unfinished":
+        (tmp_path / "run").mkdir()
+        args = [str(tmp_path / "run")]
+    elif case in ("wrong_env", "no_env"):
+        result = sac.train(sac.SACConfig(**TINY_SAC, runs_dir=str(tmp_path)))
+        if case == "wrong_env":
+            args = [str(result.run_dir), "--env-id", "Hopper-v5"]
+        else:  # a model.pt moved away from its run, whose config lost its env
+            import torch
+
+            state = torch.load(result.run_dir / "model.pt", weights_only=True)
+            state["config"]["env_id"] = None
+            torch.save(state, tmp_path / "moved.pt")
+            args = [str(tmp_path / "moved.pt")]
+    capsys.readouterr()
+    assert evaluate_main(args) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith("error: ")
+    expected = {"missing": "No run directory or model file", "corrupt": "not a readable keelrl checkpoint",
+                "unfinished": "has no model.pt", "wrong_env": "Hopper-v5 gives 11-dimensional observations, but the "
+                "saved sac agent takes 4", "no_env": "give --env-id"}[case]
+    assert expected in err
