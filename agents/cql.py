@@ -59,8 +59,10 @@ from keelrl.networks import (
     CriticEnsemble,
     RunningObsNorm,
     check_device,
+    check_precision,
     frozen,
     make_optimizer,
+    matmul_precision,
     mlp,
     optimizer_step,
     pack_training_state,
@@ -114,6 +116,9 @@ class CQLConfig(DatasetOptions, RunOptions):
     """updates between evaluations (0: only at the end)"""
     device: str = "cpu"
     """torch device for networks and dataset"""
+    precision: str = "fp32"
+    """'fp32', or 'bf16': matrix products in bfloat16 under autocast; weights, optimiser state, losses, TD targets,
+    log-probabilities and target updates stay float32 (fast only where the CPU or GPU has native bf16)"""
 
 
 def validate(config: CQLConfig) -> None:
@@ -121,6 +126,7 @@ def validate(config: CQLConfig) -> None:
     validate_run_options(config, "total_updates")
     validate_dataset_options(config)
     check_device(config.device, compile=False, cudagraphs=False)
+    check_precision(config.precision, config.device)
     if config.batch_size < 1:
         raise ValueError(f"--batch-size must be positive, got {config.batch_size}.")
     if not 0.0 < config.gamma <= 1.0 or not 0.0 < config.tau <= 1.0:
@@ -157,7 +163,7 @@ class CQLActor(nn.Module):
 
     def forward(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Mean and log-std of the pre-tanh Gaussian: (B, A) each."""
-        mean, raw_log_std = self.net(obs).split(self.action_dim, dim=-1)
+        mean, raw_log_std = self.net(obs).float().split(self.action_dim, dim=-1)  # float32 under bf16 autocast too
         log_std = self.log_std_multiplier * raw_log_std + self.log_std_offset
         return mean, log_std.clamp(self.log_std_min, self.log_std_max)
 
@@ -255,9 +261,10 @@ class CQL(nn.Module):
         the update, then the steps of α, the actor and the critics, then the target critics (CORL's order)."""
         if self.config.normalize_obs:
             batch = batch._replace(obs=self.obs_norm(batch.obs), next_obs=self.obs_norm(batch.next_obs))
-        actor_loss, alpha_loss = self.actor_and_alpha_losses(batch.obs)
+        with matmul_precision(self.config.precision, self.config.device):
+            actor_loss, alpha_loss = self.actor_and_alpha_losses(batch.obs)
+            critic_loss, critic_losses = self.critic_loss(batch)
         losses = {"losses/actor_loss": actor_loss.detach(), "losses/alpha": self.alpha}
-        critic_loss, critic_losses = self.critic_loss(batch)
         if alpha_loss is not None:
             optimizer_step(self.optimizers["log_alpha"], alpha_loss, self.log_alpha)
             losses["losses/alpha_loss"] = alpha_loss.detach()

@@ -23,7 +23,7 @@ import numpy as np
 import tyro
 
 from keelrl.agents.harness import MODEL_FILE, agent_class, agent_module, load_checkpoint, restoring
-from keelrl.envs.streaming_wrappers import frozen_stream_env
+from keelrl.envs.streaming_wrappers import frozen_stream_env, stream_env_for
 from keelrl.envs.video import (
     VideoSource,
     VideoUnavailable,
@@ -92,7 +92,7 @@ def check_observations(agent: Any, env_id: str, algo: str) -> None:
     """Refuse an env whose observations do not have the size the saved networks take."""
     expected = getattr(agent, "obs_dim", None)
     if algo in STREAMING:
-        env = agent_module(algo).make_env(agent.config, env_id)  # the streaming wrappers may add a time feature
+        env = stream_env_for(agent.config, env_id)  # the streaming wrappers may add a time feature
     else:
         env = gym.make(env_id)
     size = int(np.prod(env.observation_space.shape))
@@ -105,7 +105,7 @@ def check_observations(agent: Any, env_id: str, algo: str) -> None:
 def video_source(agent: Any, algo: str, env_id: str, config: EvaluateConfig) -> VideoSource:
     act = agent.act
     if algo in STREAMING:
-        return VideoSource(lambda: frozen_stream_env(agent_module(algo).make_env(agent.config, env_id, rendering=True),
+        return VideoSource(lambda: frozen_stream_env(stream_env_for(agent.config, env_id, rendering=True),
                                                      agent.env_state),
                            lambda obs: act(obs, deterministic=not config.stochastic), config.seed)
     return gym_video(env_id, lambda obs: act(obs, deterministic=not config.stochastic), config.seed)

@@ -60,7 +60,9 @@ from keelrl.networks import (
     DeterministicActor,
     RunningObsNorm,
     check_device,
+    check_precision,
     make_optimizer,
+    matmul_precision,
     mlp,
     optimizer_step,
     pack_training_state,
@@ -123,6 +125,9 @@ class IQLConfig(DatasetOptions, RunOptions):
     """updates between evaluations (0: only at the end)"""
     device: str = "cpu"
     """torch device for networks and dataset"""
+    precision: str = "fp32"
+    """'fp32', or 'bf16': matrix products in bfloat16 under autocast; weights, optimiser state, losses, TD targets,
+    log-probabilities and target updates stay float32 (fast only where the CPU or GPU has native bf16)"""
 
 
 def validate(config: IQLConfig) -> None:
@@ -130,6 +135,7 @@ def validate(config: IQLConfig) -> None:
     validate_run_options(config, "total_updates")
     validate_dataset_options(config)
     check_device(config.device, compile=False, cudagraphs=False)
+    check_precision(config.precision, config.device)
     if config.batch_size < 1:
         raise ValueError(f"--batch-size must be positive, got {config.batch_size}.")
     if not 0.0 < config.gamma <= 1.0 or not 0.0 < config.tau <= 1.0:
@@ -262,13 +268,14 @@ class IQL(nn.Module):
         """One update on a batch of raw transitions: V, then Q, then the target critics, then the actor."""
         if self.config.normalize_obs:
             batch = batch._replace(obs=self.obs_norm(batch.obs), next_obs=self.obs_norm(batch.next_obs))
-        with torch.no_grad():  # both from the networks as they are before this update
-            target_q = self.combine_targets(self.critic_target(batch.obs, batch.actions)[..., 0])  # (E, B) -> (B,)
-            next_v = self.value(batch.next_obs)[:, 0]  # (B, 1) -> (B,)
-        value_loss, advantage = self.update_value(batch.obs, target_q)
-        q_loss, q = self.update_critic(batch, next_v)
-        soft_update(self.polyak_target, self.polyak_online, self.config.tau)
-        actor_loss = self.update_actor(batch, advantage)
+        with matmul_precision(self.config.precision, self.config.device):
+            with torch.no_grad():  # both from the networks as they are before this update
+                target_q = self.combine_targets(self.critic_target(batch.obs, batch.actions)[..., 0])  # (E, B) -> (B,)
+                next_v = self.value(batch.next_obs).float()[:, 0]  # (B, 1) -> (B,)
+            value_loss, advantage = self.update_value(batch.obs, target_q)
+            q_loss, q = self.update_critic(batch, next_v)
+            soft_update(self.polyak_target, self.polyak_online, self.config.tau)
+            actor_loss = self.update_actor(batch, advantage)
         self.num_updates += 1
         return {"losses/qf_loss": q_loss, "losses/vf_loss": value_loss, "losses/actor_loss": actor_loss,
                 "losses/qf_values": q.mean(), "losses/advantage": advantage.mean()}
@@ -276,7 +283,7 @@ class IQL(nn.Module):
     def update_value(self, obs: torch.Tensor, target_q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """V's step: expectile regression onto the target Q of dataset actions; the loss and the advantages
         Q − V (B,), detached."""
-        advantage = target_q - self.value(obs)[:, 0]
+        advantage = target_q - self.value(obs).float()[:, 0]
         value_loss = (torch.abs(self.config.expectile - (advantage < 0).float()) * advantage.pow(2)).mean()
         optimizer_step(self.optimizers["value"], value_loss, self.value)
         return value_loss.detach(), advantage.detach()

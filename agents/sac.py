@@ -51,9 +51,11 @@ from keelrl.networks import (
     build_critic,
     build_head,
     check_device,
+    check_precision,
     compiled,
     frozen,
     make_optimizer,
+    matmul_precision,
     optimizer_step,
     pack_training_state,
     scale_learning_rates,
@@ -125,6 +127,9 @@ class SACConfig(NetworkOptions, RunOptions):
     """the SimBa or SimbaV2 paper's settings in one flag; an explicit option that contradicts it is refused"""
     device: str = "cpu"
     """torch device for networks and replay buffer"""
+    precision: str = "fp32"
+    """'fp32', or 'bf16': matrix products in bfloat16 under autocast; weights, optimiser state, losses, TD targets,
+    log-probabilities and target updates stay float32 (fast only where the CPU or GPU has native bf16)"""
     compile: bool = False
     """compile the loss computations with torch.compile (a C++ compiler is needed on CPU)"""
     cudagraphs: bool = False
@@ -168,6 +173,7 @@ def validate(config: SACConfig) -> None:
     validate_run_options(config, "total_timesteps")
     validate_network_options(config)
     check_device(config.device, config.compile, config.cudagraphs)
+    check_precision(config.precision, config.device)
     require_positive_counts(config, "num_envs", "buffer_size", "batch_size", "policy_frequency",
                             "target_network_frequency", "n_step", "utd")
     require_non_negative(config, "learning_starts")
@@ -248,7 +254,8 @@ class SAC(nn.Module):
             progress = min(1.0, self.num_updates / self.total_updates)
             scale_learning_rates(self.optimizers.values(), 1.0 - (1.0 - self.config.final_lr_fraction) * progress)
         self.num_updates += 1
-        return self.learn(batch)
+        with matmul_precision(self.config.precision, self.config.device):
+            return self.learn(batch)
 
     def learn(self, batch: Batch) -> dict[str, torch.Tensor]:
         """One critic step, `policy_frequency` actor/α steps every `policy_frequency` updates, the target update."""

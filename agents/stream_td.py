@@ -41,15 +41,15 @@ from keelrl.envs.streaming_wrappers import (
     Transition,
     frozen_stream_env,
     load_stream_env_state,
-    make_stream_env,
     space_from_dict,
     space_to_dict,
+    stream_env_for,
     stream_env_state,
     stream_episodes,
     stream_returns_and_costs,
     stream_wrapper,
 )
-from keelrl.envs.video import VideoSource, render_kwargs
+from keelrl.envs.video import VideoSource
 from keelrl.networks.streaming import ObGD, StreamMLP
 from keelrl.networks.training import pack_training_state, unpack_training_state
 
@@ -264,25 +264,18 @@ def use_policy_statistics(env: gym.Env, agent: StreamTD) -> None:
         normalizer.training = False
 
 
-def make_env(config: StreamTDConfig, env_id: str | None = None, rendering: bool = False) -> gym.Env:
-    """`config.env_id` (or `env_id`) behind the streaming wrappers `config` asks for (rendering frames for videos)."""
-    env_id = env_id or config.env_id
-    return make_stream_env(env_id, config.gamma, config.normalize_obs, config.scale_rewards, config.time_feature,
-                           env_kwargs=render_kwargs(env_id) if rendering else None)
-
-
 def evaluate(agent: StreamTD, env_id: str, episodes: int = 10, seed: int = 0,
              deterministic: bool = True) -> tuple[np.ndarray, np.ndarray]:
     """Undiscounted returns and costs of `episodes` episodes of the evaluated policy, on an env with the
     agent's normaliser statistics, frozen; episode i is seeded seed + i."""
-    env = frozen_stream_env(make_env(agent.config, env_id), agent.env_state)
+    env = frozen_stream_env(stream_env_for(agent.config, env_id), agent.env_state)
     return stream_returns_and_costs(env, lambda obs: agent.act(obs, deterministic=deterministic), episodes, seed)
 
 
 def value_error(agent: StreamTD, env_id: str, episodes: int = 10, seed: int = 0) -> tuple[np.ndarray, np.ndarray, float]:
     """Returns and costs of `episodes` episodes of the policy (as `evaluate`), and the RMSE of the
     (frozen) value network against their discounted returns, over the steps of every episode."""
-    env = make_env(agent.config, env_id)
+    env = stream_env_for(agent.config, env_id)
     load_stream_env_state(env, agent.env_state)
     returns, costs, errors = [], [], []
     values, rewards, cost = [], [], 0.0
@@ -310,7 +303,7 @@ def train(config: StreamTDConfig) -> TrainResult:
     """
     run = Run(config, ALGO, validate, total="total_timesteps", checkpoint_keys=("global_step", "agent", "env", "rng"))
     config = run.config
-    with make_env(config) as env:
+    with stream_env_for(config) as env:
         check_action_space(env.unwrapped.action_space, config.env_id)
         agent = StreamTD(env.observation_space.shape[0], env.unwrapped.action_space, config)
         if agent.policy is not None:
@@ -321,7 +314,7 @@ def train(config: StreamTDConfig) -> TrainResult:
                 load_stream_env_state(env, run.checkpoint["env"])
         # a new run gets its directory once the env and agent are known to work; videos film the evaluation env
         run.open(config.env_id, video=VideoSource(
-            lambda: frozen_stream_env(make_env(config, rendering=True), agent.env_state),
+            lambda: frozen_stream_env(stream_env_for(config, rendering=True), agent.env_state),
             lambda obs: agent.act(obs, deterministic=True), config.seed + 10_000))
 
         def evaluate_now() -> tuple[np.ndarray, np.ndarray, float]:

@@ -53,9 +53,11 @@ from keelrl.networks import (
     build_critic,
     build_head,
     check_device,
+    check_precision,
     compiled,
     frozen,
     make_optimizer,
+    matmul_precision,
     optimizer_step,
     pack_training_state,
     scale_learning_rates,
@@ -121,6 +123,9 @@ class TD3Config(NetworkOptions, RunOptions):
     """the SimBa or SimbaV2 paper's settings in one flag; an explicit option that contradicts it is refused"""
     device: str = "cpu"
     """torch device for networks and replay buffer"""
+    precision: str = "fp32"
+    """'fp32', or 'bf16': matrix products in bfloat16 under autocast; weights, optimiser state, losses, TD targets,
+    log-probabilities and target updates stay float32 (fast only where the CPU or GPU has native bf16)"""
     compile: bool = False
     """compile the loss computations with torch.compile (a C++ compiler is needed on CPU)"""
     cudagraphs: bool = False
@@ -147,6 +152,7 @@ def validate(config: TD3Config) -> None:
     validate_run_options(config, "total_timesteps")
     validate_network_options(config)
     check_device(config.device, config.compile, config.cudagraphs)
+    check_precision(config.precision, config.device)
     require_positive_counts(config, "num_envs", "buffer_size", "batch_size", "policy_frequency", "n_step", "utd")
     require_non_negative(config, "learning_starts", "learning_rate", "policy_noise", "noise_clip", "exploration_noise")
     if not 0.0 < config.gamma <= 1.0 or not 0.0 < config.tau <= 1.0:
@@ -223,7 +229,8 @@ class TD3(nn.Module):
             progress = min(1.0, self.num_updates / self.total_updates)
             scale_learning_rates(self.optimizers.values(), 1.0 - (1.0 - self.config.final_lr_fraction) * progress)
         self.num_updates += 1
-        return self.learn(batch)
+        with matmul_precision(self.config.precision, self.config.device):
+            return self.learn(batch)
 
     def learn(self, batch: Batch) -> dict[str, torch.Tensor]:
         """One critic step; every `policy_frequency` updates, one actor step, then the target actor and critics

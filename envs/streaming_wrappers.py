@@ -25,6 +25,7 @@ import torch
 
 from keelrl.envs.normalize import RunningStats
 from keelrl.envs.vec_env import _suggest
+from keelrl.envs.video import render_kwargs
 
 
 class RequireFinite(gym.Wrapper):
@@ -193,6 +194,14 @@ def load_stream_env_state(env: gym.Env, state: dict[str, dict[str, torch.Tensor]
             raise ValueError(f"Saved env state has {sorted(state)} but this env has a {wrapper.state_key}: "
                              f"use the same normalisation flags as the saved run.")
         wrapper.load_state_dict(state[wrapper.state_key])
+
+
+def stream_env_for(config: Any, env_id: str | None = None, rendering: bool = False) -> gym.Env:
+    """`config.env_id` (or `env_id`) behind the wrappers a stream agent's config asks for (its gamma,
+    normalize_obs, scale_rewards and time_feature), rendering rgb_array frames for videos when asked."""
+    env_id = env_id or config.env_id
+    return make_stream_env(env_id, config.gamma, config.normalize_obs, config.scale_rewards, config.time_feature,
+                           env_kwargs=render_kwargs(env_id) if rendering else None)
 
 
 def set_stream_env_training(env: gym.Env, mode: bool) -> None:

@@ -17,9 +17,11 @@ from keelrl.networks.simbav2 import (
 from keelrl.networks.streaming import ObGD, StreamMLP, sparse_init_
 from keelrl.networks.training import (
     check_device,
+    check_precision,
     compiled,
     frozen,
     make_optimizer,
+    matmul_precision,
     optimizer_step,
     pack_training_state,
     scale_learning_rates,
@@ -35,4 +37,4 @@ __all__ = ["mlp", "EnsembleLinear", "EnsembleMLP", "CriticEnsemble", "TanhGaussi
            "ObGD", "StreamMLP", "sparse_init_", "td_target",
            "NetworkOptions", "build_actor", "build_critic", "build_head", "validate_network_options",
            "check_device", "compiled", "make_optimizer", "optimizer_step", "scale_learning_rates", "soft_update", "frozen",
-           "pack_training_state", "unpack_training_state"]
+           "pack_training_state", "unpack_training_state", "check_precision", "matmul_precision"]

@@ -48,9 +48,10 @@ class TanhGaussianActor(_BoundedActor):
 
     def forward(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         features = self.trunk(obs)
-        log_std = torch.tanh(self.log_std(features))
+        # .float(): under bf16 autocast the heads' products are bfloat16; the distribution's math stays float32
+        log_std = torch.tanh(self.log_std(features).float())
         log_std = self.log_std_min + 0.5 * (self.log_std_max - self.log_std_min) * (log_std + 1)
-        return self.mean(features), log_std
+        return self.mean(features).float(), log_std
 
     def sample(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """A reparameterised action and its log-probability (summed over action dims, shape (B,))."""
@@ -83,4 +84,4 @@ class DeterministicActor(_BoundedActor):
         self.net = mlp(obs_dim, hidden_sizes, self.action_scale.numel(), output_activation=nn.Tanh)
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
-        return self.net(obs) * self.action_scale + self.action_bias
+        return self.net(obs).float() * self.action_scale + self.action_bias  # float32 also under bf16 autocast

@@ -30,4 +30,4 @@ class CriticEnsemble(nn.Module):
     def forward(self, obs: torch.Tensor, actions: torch.Tensor, members: slice = slice(None)) -> torch.Tensor:
         """Outputs of the chosen critics (all by default): (E', B, num_outputs)."""
         x = torch.cat([obs, actions], dim=-1)  # (B, obs_dim + action_dim)
-        return self.net(x, members)
+        return self.net(x, members).float()  # float32 also under bf16 autocast: targets and losses stay float32

@@ -86,7 +86,13 @@ class CategoricalHead(ValueHead):
         """Histogram over the bins that encodes scalar `values`: (...) -> (..., num_bins)."""
 
     def value(self, logits: torch.Tensor) -> torch.Tensor:
-        return F.softmax(logits, dim=-1) @ self.support  # (..., K) @ (K,) -> (...)
+        return self.expectation(F.softmax(logits, dim=-1))
+
+    def expectation(self, probs: torch.Tensor) -> torch.Tensor:
+        """Mean value of distributions (..., K) -> (...), in float32 also under bf16 autocast (it feeds TD targets
+        and the actor's loss)."""
+        with torch.autocast(probs.device.type, enabled=False):
+            return probs @ self.support  # (..., K) @ (K,) -> (...)
 
     def loss(self, logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         """Cross-entropy against a target distribution (B, K), or against the histogram of scalar targets (B,)."""
@@ -107,7 +113,7 @@ class CategoricalHead(ValueHead):
         whole distribution of the pessimistic member is used, as in the SimbaV2 reference code.
         """
         probs = F.softmax(logits, dim=-1)  # (E, B, K)
-        chosen = (probs @ self.support).argmin(dim=0)  # (E, B) mean values -> member index (B,)
+        chosen = self.expectation(probs).argmin(dim=0)  # (E, B) mean values -> member index (B,)
         return probs[chosen, torch.arange(probs.shape[1], device=probs.device)]  # (B, K)
 
 

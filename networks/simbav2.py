@@ -196,7 +196,7 @@ class SimbaV2Critic(_ProjectsWeights, nn.Module):
 
     def forward(self, obs: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
         x = torch.cat([obs, actions], dim=-1)  # (B, obs_dim + action_dim)
-        return self.output(self.encoder(x))  # (E, B, num_outputs)
+        return self.output(self.encoder(x)).float()  # (E, B, num_outputs), float32 also under bf16 autocast
 
 
 class SimbaV2Actor(_ProjectsWeights, TanhGaussianActor):

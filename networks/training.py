@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import shutil
+import warnings
 from collections.abc import Callable, Iterator
 from typing import Literal
 
@@ -90,3 +91,41 @@ def unpack_training_state(module: nn.Module, optimizers: dict[str, torch.optim.O
     for name, optimizer in optimizers.items():
         optimizer.load_state_dict(state["optimizers"][name])
     return state["num_updates"]
+
+
+PRECISIONS = ("fp32", "bf16")
+_warned_emulated_bf16 = False
+
+
+def native_bf16(device: str) -> bool:
+    """Whether `device` multiplies bfloat16 matrices in hardware (CPU: avx512_bf16 or amx_bf16; CUDA: Ampere on)."""
+    if torch.device(device).type == "cuda":
+        return torch.cuda.is_available() and torch.cuda.is_bf16_supported()
+    try:
+        with open("/proc/cpuinfo") as cpuinfo:
+            flags = next((line.split() for line in cpuinfo if line.startswith("flags")), [])
+    except OSError:
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+def check_precision(precision: str, device: str) -> None:
+    """Refuse an unknown --precision; say once per process when bf16 will be emulated, and so slow."""
+    global _warned_emulated_bf16
+    if precision not in PRECISIONS:
+        raise ValueError(f"--precision must be one of {', '.join(PRECISIONS)}, got {precision!r}.")
+    if precision == "bf16" and not native_bf16(device) and not _warned_emulated_bf16:
+        _warned_emulated_bf16 = True
+        warnings.warn(f"--precision bf16: this {torch.device(device).type.upper()} has no native bfloat16 matrix "
+                      f"products (no avx512_bf16 or amx_bf16), so torch emulates them: the run will be much slower "
+                      f"than with fp32.", stacklevel=2)
+
+
+def matmul_precision(precision: str, device: str) -> contextlib.AbstractContextManager:
+    """Inside it, matrix products (linear, matmul, bmm, baddbmm) run in bfloat16 under `torch.autocast` when
+    `precision` is "bf16"; with "fp32" nothing changes. keelrl's networks cast what they return to float32, so
+    losses, TD targets, log-probabilities, entropies, α/λ and the optimiser steps stay float32, and weights and
+    optimiser state are float32 throughout."""
+    if precision == "fp32":
+        return contextlib.nullcontext()
+    return torch.autocast(torch.device(device).type, dtype=torch.bfloat16)

@@ -490,15 +490,15 @@ def test_streaming_resume_restores_networks_obgd_statistics_and_rng(algo, tmp_pa
     module, agent_cls, config_cls, options = STREAMING_CASES[algo]
     run = Run(monkeypatch, harness, agent_cls, streaming_snapshot)
     monkeypatch.setattr(module, agent_cls.__name__, run.agent_cls)  # the agent file's loop builds the recording agent
-    make_env = module.make_env
+    stream_env_for = module.stream_env_for
 
-    def recording_make_env(config, env_id=None):
-        env = make_env(config, env_id)
+    def recording_stream_env_for(config, env_id=None, rendering=False):
+        env = stream_env_for(config, env_id, rendering)
         if env_id is None:  # the training env (evaluation passes its env id)
             run.live["env"] = env
         return env
 
-    monkeypatch.setattr(module, "make_env", recording_make_env)
+    monkeypatch.setattr(module, "stream_env_for", recording_stream_env_for)
     config = config_cls(**options, total_timesteps=200, hidden_sizes=(8, 8), adaptive=True, eval_freq=0,
                         eval_episodes=1, checkpoint_freq=100, log_freq=50, runs_dir=str(tmp_path), quiet=True)
     saved, restored, result = run.interrupt_and_resume(

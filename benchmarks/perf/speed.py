@@ -53,6 +53,8 @@ class Args:
     """CleanRL's TD3 script, relative to --cleanrl"""
     keelrl_args: tuple[str, ...] = ()
     """extra options for the keelrl agents (e.g. --compile)"""
+    precisions: tuple[str, ...] = ("fp32",)
+    """keelrl precisions to run (fp32, bf16: --precision); each is paired with the same CleanRL run"""
     obs_dim: int = 11
     """observation size used for the FLOP count (Hopper)"""
     action_dim: int = 3
@@ -90,10 +92,10 @@ def update_flops(algo: str, args: Args, num_critics: int = 2, policy_frequency: 
     return critic_step + actor_step / policy_frequency
 
 
-def matmul_gflops(threads: int, size: int = 256, repeats: int = 2000) -> float:
-    """float32 (size × size) @ (size × size) rate with `threads` torch threads, median of 5 timings."""
+def matmul_gflops(threads: int, size: int = 256, repeats: int = 2000, dtype: torch.dtype = torch.float32) -> float:
+    """(size × size) @ (size × size) rate in `dtype` with `threads` torch threads, median of 5 timings."""
     torch.set_num_threads(threads)
-    a, b = torch.randn(size, size), torch.randn(size, size)
+    a, b = torch.randn(size, size, dtype=dtype), torch.randn(size, size, dtype=dtype)
     for _ in range(100):
         a @ b
     rates = []
@@ -105,14 +107,14 @@ def matmul_gflops(threads: int, size: int = 256, repeats: int = 2000) -> float:
     return statistics.median(rates)
 
 
-def keelrl_update_sps(algo: str, threads: int, seed: int, args: Args) -> float:
+def keelrl_update_sps(algo: str, threads: int, seed: int, args: Args, precision: str = "fp32") -> float:
     with tempfile.TemporaryDirectory() as runs:
         command = [sys.executable, "-m", f"keelrl.agents.{algo}", "--env-id", args.env_id,
                    "--total-timesteps", str(args.total_timesteps), "--learning-starts", str(args.learning_starts),
                    "--seed", str(seed), "--threads", str(threads), "--eval-freq", "0", "--eval-episodes", "1",
                    "--checkpoint-freq", str(args.total_timesteps), "--batch-size", str(args.batch_size),
                    "--hidden-sizes", str(args.hidden), str(args.hidden), "--runs-dir", runs, "--quiet",
-                   *args.keelrl_args]
+                   "--precision", precision, *args.keelrl_args]
         out = subprocess.run(command, capture_output=True, text=True, check=True).stdout
     return float(re.search(r"([\d.]+) while updating", out).group(1))
 
@@ -140,26 +142,29 @@ def main(args: Args) -> None:
           f"2x{args.hidden} MLPs, torch {torch.__version__}, {os.cpu_count()} CPUs")
     for threads in args.threads:
         rate = matmul_gflops(threads)
-        print(f"\n{threads} thread(s): float32 256x256 matmul rate {rate:.1f} GFLOP/s")
+        bf16_rate = matmul_gflops(threads, repeats=20, dtype=torch.bfloat16) if "bf16" in args.precisions else None
+        print(f"\n{threads} thread(s): float32 256x256 matmul rate {rate:.1f} GFLOP/s"
+              + ("" if bf16_rate is None else f", bfloat16 {bf16_rate:.1f} GFLOP/s (arithmetic limits below: float32)"))
         for algo in args.algos:
             flops = update_flops(algo, args)
             limit_ms = flops / (rate * 1e9) * 1e3
             print(f"  {algo}: {flops / 1e9:.3f} GFLOP per update -> arithmetic limit {limit_ms:.2f} ms "
                   f"({1e3 / limit_ms:.0f} update-phase steps/s)")
-            results: dict[str, list[float]] = {"keelrl": [], "cleanrl": []}
-            for repeat in range(args.repeats):
-                results["keelrl"].append(keelrl_update_sps(algo, threads, repeat + 1, args))
+            results: dict[str, list[float]] = {**{f"keelrl {p}": [] for p in args.precisions}, "cleanrl": []}
+            for repeat in range(args.repeats):  # alternating: keelrl in each precision, then CleanRL
+                for precision in args.precisions:
+                    results[f"keelrl {precision}"].append(keelrl_update_sps(algo, threads, repeat + 1, args, precision))
                 if args.cleanrl is not None:
                     results["cleanrl"].append(cleanrl_update_sps(algo, threads, repeat + 1, args))
             for name, values in results.items():
                 if values:
                     median = statistics.median(values)
-                    print(f"    {name:<8} update-phase steps/s median {median:7.1f} (min {min(values):.1f}, "
+                    print(f"    {name:<12} update-phase steps/s median {median:7.1f} (min {min(values):.1f}, "
                           f"max {max(values):.1f}); {1e3 / median:.2f} ms per step; "
                           f"{100 * limit_ms * median / 1e3:.0f}% of the arithmetic limit")
-            if results["cleanrl"]:
-                ratios = [k / c for k, c in zip(results["keelrl"], results["cleanrl"])]
-                print(f"    keelrl / CleanRL per pair: median {statistics.median(ratios):.2f}x "
+            for precision in args.precisions if results["cleanrl"] else ():
+                ratios = [k / c for k, c in zip(results[f"keelrl {precision}"], results["cleanrl"])]
+                print(f"    keelrl {precision} / CleanRL per pair: median {statistics.median(ratios):.2f}x "
                       f"(min {min(ratios):.2f}, max {max(ratios):.2f})")
 
 

@@ -1,6 +1,7 @@
-"""CPU time of one SAC or TD3 update, robust to other processes on the machine.
+"""CPU time of one update of SAC, TD3, CQL, IQL or RIQL, in fp32 or bf16, robust to other processes on the machine.
 
     python -m keelrl.benchmarks.perf.update_time --algos sac td3 --hidden 256 8
+    python -m keelrl.benchmarks.perf.update_time --algos sac cql iql riql --hidden 256 --precisions fp32 bf16
     python -m keelrl.benchmarks.perf.update_time --compile
     python -m keelrl.benchmarks.perf.update_time --algos sac --networks mlp/scalar simba/scalar simbav2/c51 --hidden 256
 
@@ -11,7 +12,10 @@ still shares caches), so before/after comparisons stay meaningful on a shared ma
 (Python, dispatch, autograd, optimiser bookkeeping). `--networks` times other network / value-head
 pairs at their own default sizes (`--hidden` then applies to the mlp only); `--preset` times an agent
 with every option of that paper's setting. One update is one gradient step: a run with `--utd N`
-does N of them per environment step. Reports the median over repeats.
+does N of them per environment step. `--precisions fp32 bf16` times each setting both ways (bf16: matrix
+products in bfloat16 under autocast, see networks/training.matmul_precision). CQL, IQL and RIQL are timed
+at their configs' defaults with `--hidden`-wide networks (`--networks` and `--preset` are SAC/TD3's).
+Reports the median over repeats.
 """
 
 from __future__ import annotations
@@ -24,12 +28,15 @@ import numpy as np
 import torch
 import tyro
 
-from keelrl.agents import sac, td3
+from keelrl.agents import cql, iql, riql, sac, td3
 from keelrl.agents.harness import apply_preset
 from keelrl.buffers import ReplayBuffer
 from keelrl.networks.builders import with_default_support
 
-AGENTS = {"sac": (sac.SAC, sac.SACConfig, sac.PRESETS), "td3": (td3.TD3, td3.TD3Config, td3.PRESETS)}
+AGENTS = {"sac": (sac.SAC, sac.SACConfig, sac.PRESETS), "td3": (td3.TD3, td3.TD3Config, td3.PRESETS),
+          "cql": (cql.CQL, cql.CQLConfig, None), "iql": (iql.IQL, iql.IQLConfig, None),
+          "riql": (riql.RIQL, riql.RIQLConfig, None)}
+"""agent class, config class and presets (None: an offline agent, timed at its defaults)"""
 
 
 @dataclasses.dataclass
@@ -44,6 +51,10 @@ class Args:
     """time an agent built with this preset (simba, simbav2) instead of --networks"""
     compile: bool = False
     """time the --compile update"""
+    precisions: tuple[str, ...] = ("fp32",)
+    """precisions to time each setting in (fp32, bf16)"""
+    warmup: int = 20
+    """untimed updates before the measurements (and compilation)"""
     updates: int = 150
     """updates per measurement"""
     repeats: int = 5
@@ -64,8 +75,10 @@ def filled_buffer(obs_dim: int, action_dim: int, transitions: int = 1_000) -> Re
     return buffer
 
 
-def timed_settings(args: Args) -> list[tuple[str, dict]]:
-    """(label, config fields) of every setting to time."""
+def timed_settings(args: Args, algo: str) -> list[tuple[str, dict]]:
+    """(label, config fields) of every setting of `algo` to time."""
+    if AGENTS[algo][2] is None:  # offline: its own networks, at --hidden widths
+        return [(f"mlp {hidden}-{hidden}", {"hidden_sizes": (hidden, hidden)}) for hidden in args.hidden]
     compile_option = {"compile": True} if args.compile else {}
     if args.preset is not None:
         return [(f"preset {args.preset}", {"preset": args.preset, **compile_option})]
@@ -85,12 +98,14 @@ def timed_settings(args: Args) -> list[tuple[str, dict]]:
 
 def cpu_ms_per_update(algo: str, options: dict, args: Args) -> list[float]:
     agent_cls, config_cls, presets = AGENTS[algo]
-    config = apply_preset(config_cls(**options), presets)
-    config = with_default_support(config, config.scale_rewards)
+    config = config_cls(**options)
+    if presets is not None:
+        config = apply_preset(config, presets)
+        config = with_default_support(config, config.scale_rewards)
     torch.manual_seed(0)
     agent = agent_cls(args.obs_dim, -np.ones(args.action_dim), np.ones(args.action_dim), config)
     buffer = filled_buffer(args.obs_dim, args.action_dim)
-    for _ in range(20):  # warm-up (and compilation)
+    for _ in range(args.warmup):  # (and compilation)
         agent.update(buffer.sample(256))
     timings = []
     for _ in range(args.repeats):
@@ -106,10 +121,11 @@ def main(args: Args) -> None:
     print(f"torch {torch.__version__}, 1 thread, batch 256, CPU ms per update (median of {args.repeats})"
           f"{', --compile' if args.compile else ''}")
     for algo in args.algos:
-        for label, options in timed_settings(args):
-            timings = cpu_ms_per_update(algo, options, args)
-            print(f"  {algo} {label}: {statistics.median(timings):6.2f} ms "
-                  f"(min {min(timings):.2f}, max {max(timings):.2f})")
+        for label, options in timed_settings(args, algo):
+            for precision in args.precisions:
+                timings = cpu_ms_per_update(algo, {**options, "precision": precision}, args)
+                print(f"  {algo} {label} {precision}: {statistics.median(timings):8.2f} ms "
+                      f"(min {min(timings):.2f}, max {max(timings):.2f})", flush=True)
 
 
 if __name__ == "__main__":

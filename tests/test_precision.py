@@ -1,0 +1,98 @@
+"""--precision bf16: one update on a fixed batch matches the fp32 update within a stated tolerance, the weights
+and optimiser state stay float32, and bad values or slow hardware are said in one line."""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+import torch
+
+from keelrl.agents import cql, iql, sac, td3
+from keelrl.agents.harness import run_cli
+from keelrl.buffers import Batch
+from keelrl.networks import training
+
+LOW, HIGH = -np.ones(3, np.float32), np.ones(3, np.float32)
+SMALL = dict(hidden_sizes=(64, 64))
+AGENTS = {
+    "sac mlp/scalar": lambda p: sac.SAC(11, LOW, HIGH, sac.SACConfig(**SMALL, policy_frequency=1, precision=p)),
+    "sac simbav2/c51": lambda p: sac.SAC(11, LOW, HIGH, sac.SACConfig(
+        network="simbav2", critic_head="c51", v_min=-5.0, v_max=5.0, num_bins=21, actor_hidden_dim=32,
+        critic_hidden_dim=64, critic_num_blocks=1, policy_frequency=1, precision=p)),
+    "td3 mlp": lambda p: td3.TD3(11, LOW, HIGH, td3.TD3Config(**SMALL, policy_frequency=1, precision=p)),
+    "cql": lambda p: cql.CQL(11, LOW, HIGH, cql.CQLConfig(**SMALL, cql_n_actions=4, precision=p)),
+    "iql": lambda p: iql.IQL(11, LOW, HIGH, iql.IQLConfig(**SMALL, precision=p)),
+}
+LOSS_TOLERANCE = 1e-2
+"""|loss_bf16 − loss_fp32| / (|loss_fp32| + 1e-3) for every logged loss (measured: at most 0.005)"""
+UPDATE_COSINE = 0.95
+"""cosine between the bf16 and fp32 parameter changes of the first Adam step (measured: 0.977 to 0.996)"""
+
+
+def fixed_batch(n: int = 64) -> Batch:
+    g = torch.Generator().manual_seed(0)
+    return Batch(obs=torch.randn(n, 11, generator=g), actions=torch.rand(n, 3, generator=g) * 2 - 1,
+                 rewards=torch.randn(n, generator=g), next_obs=torch.randn(n, 11, generator=g),
+                 terminated=(torch.rand(n, generator=g) < 0.1).float(), discounts=torch.full((n,), 0.99),
+                 costs=torch.zeros(n))
+
+
+def parameter_change(agent, before: dict[str, torch.Tensor]) -> torch.Tensor:
+    return torch.cat([(value - before[name]).flatten() for name, value in agent.state_dict().items()
+                      if value.dtype == torch.float32])
+
+
+@pytest.mark.parametrize("name", list(AGENTS))
+def test_one_bf16_update_matches_the_fp32_update_and_keeps_float32_weights(name):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # this machine may have no native bf16
+        torch.manual_seed(0)
+        fp32 = AGENTS[name]("fp32")
+        torch.manual_seed(0)
+        bf16 = AGENTS[name]("bf16")
+    before = {key: value.clone() for key, value in fp32.state_dict().items()}
+    torch.manual_seed(1)
+    losses_fp32 = fp32.update(fixed_batch())
+    torch.manual_seed(1)
+    losses_bf16 = bf16.update(fixed_batch())
+    for key, value in losses_fp32.items():
+        assert losses_bf16[key].dtype == torch.float32, key
+        assert abs(float(losses_bf16[key]) - float(value)) / (abs(float(value)) + 1e-3) < LOSS_TOLERANCE, key
+    change_fp32, change_bf16 = parameter_change(fp32, before), parameter_change(bf16, before)
+    assert torch.nn.functional.cosine_similarity(change_bf16, change_fp32, dim=0) > UPDATE_COSINE
+    assert not torch.equal(change_bf16, change_fp32)  # the products did run in bfloat16
+    assert all(p.dtype == torch.float32 for p in bf16.parameters())  # master weights
+    for optimizer in bf16.optimizers.values():
+        for state in optimizer.state.values():
+            assert all(v.dtype == torch.float32 for v in state.values() if v.is_floating_point() and v.dim() > 0)
+
+
+def test_networks_return_float32_under_bf16_autocast():
+    agent = sac.SAC(11, LOW, HIGH, sac.SACConfig(**SMALL))
+    obs, actions = torch.randn(8, 11), torch.rand(8, 3)
+    with training.matmul_precision("bf16", "cpu"):
+        assert agent.critic(obs, actions).dtype == torch.float32
+        _, log_prob = agent.actor.sample(obs)
+        assert log_prob.dtype == torch.float32
+        assert torch.nn.functional.linear(obs, torch.randn(4, 11)).dtype == torch.bfloat16  # autocast is on
+
+
+def test_bad_precision_is_refused_in_one_line_and_emulated_bf16_warns_once(monkeypatch, capsys, tmp_path):
+    assert run_cli(sac.train, sac.SACConfig, args=["--precision", "fp16", "--runs-dir", str(tmp_path)]) == 2
+    assert capsys.readouterr().err.strip() == "error: --precision must be one of fp32, bf16, got 'fp16'."
+    monkeypatch.setattr(training, "native_bf16", lambda device: False)
+    monkeypatch.setattr(training, "_warned_emulated_bf16", False)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        training.check_precision("bf16", "cpu")
+        training.check_precision("bf16", "cpu")
+    assert len(caught) == 1 and "no native bfloat16" in str(caught[0].message)
+    monkeypatch.setattr(training, "native_bf16", lambda device: True)
+    monkeypatch.setattr(training, "_warned_emulated_bf16", False)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        training.check_precision("bf16", "cpu")
+        training.check_precision("fp32", "cpu")
+    assert not caught
