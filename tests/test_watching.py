@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import csv
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from keelrl.agents import iql, sac, stream_q
-from keelrl.agents.evaluate import main as evaluate_main
+from keelrl.evaluate import main as evaluate_main
 from keelrl.agents.harness import run_cli
 from keelrl.benchmarks.make_datasets import collect
 from keelrl.envs.video import VideoUnavailable, offscreen_gl_backend
@@ -134,6 +136,13 @@ def test_the_evaluation_command_finds_an_offline_agents_environment_and_a_stream
     assert evaluate_main([str(streaming.run_dir), "--episodes", "2", "--seed", "10001"]) == 0
     out = capsys.readouterr().out  # the training's final evaluation used seeds 10001-10002: the same episodes
     assert f"return {streaming.final_eval_returns.mean():.1f} ± {streaming.final_eval_returns.std():.1f}" in out
+
+
+def test_the_evaluation_command_runs_as_a_module(tmp_path):
+    done = subprocess.run([sys.executable, "-m", "keelrl.evaluate", str(tmp_path / "nothing")], capture_output=True,
+                          text=True)
+    assert done.returncode == 2
+    assert done.stderr.strip() == f"error: No run directory or model file at {tmp_path / 'nothing'}."
 
 
 @pytest.mark.parametrize("case", ["missing", "corrupt", "unfinished", "wrong_env", "no_env"])

@@ -1,7 +1,8 @@
 """Evaluate a saved agent: a run directory or a model.pt of any keelrl agent that acts in an environment.
 
-Run:  python -m keelrl.agents.evaluate runs/Hopper-v5__sac__1__1795250000 --episodes 10
-      python -m keelrl.agents.evaluate path/to/model.pt --env-id Hopper-v5 --stochastic --capture-video
+Run:  python -m keelrl.evaluate runs/Hopper-v5__sac__1__1795250000 --episodes 10
+      python -m keelrl.evaluate path/to/model.pt --env-id Hopper-v5 --stochastic --capture-video
+Import: from keelrl.evaluate import EvaluateConfig, evaluate_saved
 
 Prints the mean ± std return (and cost) over the episodes and writes one row per episode to a CSV
 (default: evaluation.csv beside the model). Episode i is seeded seed + i, as the `evaluate()` of the agent's
@@ -38,7 +39,7 @@ STREAMING = ("stream_td", "stream_q", "stream_ac")
 
 @dataclasses.dataclass
 class EvaluateConfig:
-    path: Annotated[str, tyro.conf.Positional]
+    path: Annotated[str, tyro.conf.Positional, tyro.conf.arg(metavar="RUN_DIR_OR_MODEL")]
     """a run directory (its model.pt is evaluated) or a model.pt of a keelrl agent"""
     episodes: int = 10
     """episodes to play"""
@@ -157,7 +158,3 @@ def main(args: list[str] | None = None) -> int:
           f"cost {result.costs.mean():.1f} ± {result.costs.std():.1f}")
     print(f"episodes written to {result.csv_path}" + (f"; video {result.video_path}" if result.video_path else ""))
     return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
