@@ -468,14 +468,18 @@ def validate_run_options(config: RunOptions, total: str) -> None:
                              f"{getattr(config, total)}: a run cannot be shortened.")
 
 
-def start_wandb(config: RunOptions, algo: str, run_dir: Path) -> Any:
-    """A W&B run following the TensorBoard logs of `run_dir`, with the config; a resumed run continues its W&B run."""
+def import_wandb() -> ModuleType:
     try:
         import wandb
     except ImportError:
         raise ValueError("--track logs to Weights & Biases, which is not installed: pip install 'keelrl[wandb]'.") \
             from None
-    return wandb.init(project=config.wandb_project, entity=config.wandb_entity, group=config.wandb_group,
+    return wandb
+
+
+def start_wandb(config: RunOptions, algo: str, run_dir: Path) -> Any:
+    """A W&B run following the TensorBoard logs of `run_dir`, with the config; a resumed run continues its W&B run."""
+    return import_wandb().init(project=config.wandb_project, entity=config.wandb_entity, group=config.wandb_group,
                       name=run_dir.name, id=re.sub(r"[^\w-]", "-", run_dir.name)[:64], resume="allow",
                       config={"algo": algo, **dataclasses.asdict(config)}, dir=str(run_dir), sync_tensorboard=True)
 
@@ -531,6 +535,8 @@ class Run:
         file name -> text), or reopen the resumed one; start the logs (and W&B with --track), the progress bar
         and the clock. `video`: what --capture-video films after each evaluation (None: the agent has no env).
         On resume, call it after restoring the checkpoint: it cuts the logs back to the checkpoint's step."""
+        if self.config.track:
+            import_wandb()  # a missing package is said before a run directory is made
         if self.config.capture_video:
             if video is None:
                 raise ValueError(f"--capture-video films an environment, and {self.algo} has none to film.")

@@ -100,6 +100,15 @@ def test_track_writes_an_offline_wandb_run_with_the_config_and_the_scalars(tmp_p
         assert returns == pytest.approx([float(row["return"]) for row in csv.DictReader(f)])
 
 
+def test_track_without_wandb_installed_is_one_line_before_any_run_directory(tmp_path, monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "wandb", None)  # as if keelrl[wandb] were not installed
+    args = ["--env-id", "InvertedPendulum-v5", "--total-timesteps", "300", "--track", "--runs-dir", str(tmp_path)]
+    assert run_cli(sac.train, sac.SACConfig, args=args) == 2
+    assert capsys.readouterr().err.strip() == ("error: --track logs to Weights & Biases, which is not installed: "
+                                               "pip install 'keelrl[wandb]'.")
+    assert not list(tmp_path.iterdir())
+
+
 def test_the_evaluation_command_gives_what_evaluate_gives(tmp_path, capsys):
     result = sac.train(sac.SACConfig(**TINY_SAC, runs_dir=str(tmp_path)))
     capsys.readouterr()
