@@ -41,6 +41,7 @@ from keelrl.agents.harness import (
     evaluate_policy,
     load_attacker,
     load_checkpoint,
+    require_positive_counts,
     run_cli,
     save_checkpoint,
     validate_run_options,
@@ -136,8 +137,7 @@ def validate(config: IQLConfig) -> None:
     validate_dataset_options(config)
     check_device(config.device, compile=False, cudagraphs=False)
     check_precision(config.precision, config.device)
-    if config.batch_size < 1:
-        raise ValueError(f"--batch-size must be positive, got {config.batch_size}.")
+    require_positive_counts(config, "batch_size")
     if not 0.0 < config.gamma <= 1.0 or not 0.0 < config.tau <= 1.0:
         raise ValueError(f"--gamma and --tau must lie in (0, 1], got {config.gamma} and {config.tau}.")
     if not 0.0 < config.expectile < 1.0 or not 0.0 < config.quantile < 1.0:

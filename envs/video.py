@@ -7,6 +7,7 @@ break the process that trains. Writing MP4 needs imageio with its ffmpeg plugin 
 
 from __future__ import annotations
 
+import functools
 import os
 import subprocess
 import sys
@@ -44,6 +45,7 @@ class FilmedEpisode(NamedTuple):
     fps: int
 
 
+@functools.lru_cache(maxsize=None)  # the probe env is made once per env id, not once per video
 def render_kwargs(env_id: str) -> dict[str, Any]:
     """gym.make keyword arguments that make `env_id` render rgb_array frames, through the model's "track" camera
     where it has one (the MuJoCo locomotion tasks: the free camera would watch the robot walk out of the picture)."""
