@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import json
 from pathlib import Path
 
 import numpy as np
@@ -29,6 +30,7 @@ from keelrl.benchmarks.reference_scores import normalized_score, score_source
 LAST_EPISODES = 10
 NORMALIZED_COLUMNS = ("normalized_score", "normalised_score")
 OFFLINE_SCORE_TAG = "eval/normalized_score"
+CLEAN = "clean"
 FINISHED = "finished"
 NO_FINAL_EVAL = "no final evaluation"
 NOT_FINISHED = ("failed", NO_FINAL_EVAL, "unfinished", "unavailable")
@@ -50,6 +52,9 @@ class RunResult:
     """the step budget the grid gave (environment steps, or the agent's own unit)"""
     status: str
     """done, unfinished (interrupted or still to run), failed or unavailable"""
+    data: str = CLEAN
+    """what the agent learned from when its data was corrupted on purpose, e.g. '30% random dynamics corruption'
+    (from the run's config.json); "clean" otherwise"""
     run_dir: str = ""
     steps: int = 0
     """step of the last evaluation"""
@@ -81,10 +86,11 @@ def _read_csv(path: Path) -> list[dict[str, str]]:
 
 
 def read_run_figures(result: RunResult, run_dir: Path) -> RunResult:
-    """Fill `result`'s figures from run_dir/eval.csv and episodes.csv."""
+    """Fill `result`'s figures from run_dir/eval.csv and episodes.csv, its data condition from config.json."""
     evals = _read_csv(run_dir / "eval.csv")
     episodes = _read_csv(run_dir / "episodes.csv")
     result.run_dir = str(run_dir)
+    result.data = data_condition(run_dir / "config.json")
     result.curve = [(int(row["global_step"]), float(row["mean_return"])) for row in evals]
     if episodes:
         result.last_train_return = float(np.mean([float(row["return"]) for row in episodes[-LAST_EPISODES:]]))
@@ -102,6 +108,16 @@ def read_run_figures(result: RunResult, run_dir: Path) -> RunResult:
     else:
         result.score = normalized_score(result.task, result.final_return)
     return result
+
+
+def data_condition(config_path: Path) -> str:
+    """'30% random dynamics corruption' for a run of an offline agent trained on corrupted data, else 'clean'."""
+    if not config_path.is_file():
+        return CLEAN
+    config = json.loads(config_path.read_text()).get("config", {})
+    if not config.get("corruption"):
+        return CLEAN
+    return f"{config['corruption_rate']:.0%} {config['corruption_mode']} {config['corruption']} corruption"
 
 
 def last_scalar(run_dir: Path, tag: str) -> float:
@@ -188,6 +204,8 @@ class CellSummary:
     last_train_std: float
     sps_mean: float
     wall_s_mean: float
+    data: str = CLEAN
+    """the data condition of its runs that have started ("clean" or a corruption, see RunResult.data)"""
 
 
 def summarize_cells(results: list[RunResult]) -> list[CellSummary]:
@@ -205,6 +223,7 @@ def summarize_cells(results: list[RunResult]) -> list[CellSummary]:
             sum(r.status == "failed" for r in runs), outcome_counts(runs),
             *pairs[0], *pairs[1], *pairs[2], *pairs[3],
             _mean_std([r.sps for r in done])[0], _mean_std([r.wall_s for r in done])[0],
+            next((r.data for r in runs if r.data != CLEAN), CLEAN),
         ))
     return summaries
 

@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from keelrl.benchmarks.aggregate import (
+    CLEAN,
     FINISHED,
     LAST_EPISODES,
     NO_FINAL_EVAL,
@@ -106,7 +107,10 @@ def _published_cell(cell: CellSummary, sources: _Sources) -> tuple[str, str]:
         if published.cost is not None:
             value += f" / cost {published.cost:.1f}"
         values.append(f"{value} [{sources.cite(published)}]")
-        if published.budget_steps == cell.budget:
+        if cell.data != CLEAN:  # every published figure keelrl holds was measured on clean data
+            budgets.append(f"{published.budget} on clean data vs keelrl {steps_text(cell.budget)} on {cell.data}: "
+                           "**not comparable**")
+        elif published.budget_steps == cell.budget:
             budgets.append(f"{published.budget}: same budget")
         else:
             budgets.append(f"{published.budget} vs keelrl {steps_text(cell.budget)}: **not comparable**")

@@ -164,6 +164,28 @@ def test_failed_and_missing_runs_are_shown_and_counted(tmp_path):
     assert "| sac | Hopper-v5 | 15k | 0/2 (2 unfinished) | **missing** | – |" in page
 
 
+def test_a_published_figure_on_clean_data_is_not_comparable_beside_a_corrupted_run(tmp_path):
+    # Two IQL entries on hopper-medium at the budget CORL published (1M updates): one on clean data, one whose
+    # config.json says it learned from 30% randomly corrupted next observations.
+    runs = []
+    for label, corruption in (("iql", None), ("iql-dynamics30", "dynamics")):
+        run_dir = tmp_path / label
+        run_dir.mkdir()
+        (run_dir / "eval.csv").write_text("global_step,mean_return,std_return,mean_cost,episodes\n"
+                                          "1000000,1500.0,0.0,0.0,10\n")
+        config = {"corruption": corruption, "corruption_rate": 0.3, "corruption_mode": "random"}
+        (run_dir / "config.json").write_text(json.dumps({"algo": "iql", "config": config}))
+        result = RunResult("offline", label, "iql", "keelrl/hopper-medium-v0", 1, 1_000_000, "done")
+        runs.append(read_run_figures(result, run_dir))
+    assert [r.data for r in runs] == ["clean", "30% random dynamics corruption"]
+    page = page_of(tmp_path, runs)
+    clean_row, corrupted_row = (next(line for line in page.splitlines() if line.startswith(f"| {label} |"))
+                                for label in ("iql", "iql-dynamics30"))
+    assert clean_row.endswith("| 67.5 ± 3.8 [1] | 1M gradient updates: same budget |")
+    assert corrupted_row.endswith("| 67.5 ± 3.8 [1] | 1M gradient updates on clean data vs keelrl 1M on 30% random "
+                                  "dynamics corruption: **not comparable** |")
+
+
 def test_every_shipped_grid_task_has_a_score_range_or_its_agents_get_no_iqm(tmp_path):
     checked = []  # (grid, its results, its IQM entries by agent name, its page)
     undeclared = set()
