@@ -30,6 +30,8 @@ from keelrl.benchmarks.reference_scores import normalized_score, score_source
 LAST_EPISODES = 10
 NORMALIZED_COLUMNS = ("normalized_score", "normalised_score")
 OFFLINE_SCORE_TAG = "eval/normalized_score"
+CONFIG_FILE = "config.json"
+"""a run directory's record of its algorithm and config (agents/harness.py writes it)"""
 CLEAN = "clean"
 FINISHED = "finished"
 NO_FINAL_EVAL = "no final evaluation"
@@ -90,7 +92,7 @@ def read_run_figures(result: RunResult, run_dir: Path) -> RunResult:
     evals = _read_csv(run_dir / "eval.csv")
     episodes = _read_csv(run_dir / "episodes.csv")
     result.run_dir = str(run_dir)
-    result.data = data_condition(run_dir / "config.json")
+    result.data = data_condition(run_dir / CONFIG_FILE)
     result.curve = [(int(row["global_step"]), float(row["mean_return"])) for row in evals]
     if episodes:
         result.last_train_return = float(np.mean([float(row["return"]) for row in episodes[-LAST_EPISODES:]]))

@@ -56,7 +56,7 @@ from pathlib import Path
 from typing import Any
 
 from keelrl.agents.harness import RunOptions, agent_module
-from keelrl.benchmarks.aggregate import RunResult, read_run_figures
+from keelrl.benchmarks.aggregate import CONFIG_FILE, RunResult, read_run_figures
 
 try:
     import tomllib
@@ -69,7 +69,6 @@ CELL_FILE = "cell.json"
 LOG_FILE = "log.txt"
 MODEL_FILE = "model.pt"
 CHECKPOINT_FILE = "checkpoint.pt"
-CONFIG_FILE = "config.json"
 RESERVED_FLAGS = {"seed", "runs-dir", "resume", "quiet"}
 
 
