@@ -57,6 +57,9 @@ class RunResult:
     data: str = CLEAN
     """what the agent learned from when its data was corrupted on purpose, e.g. '30% random dynamics corruption'
     (from the run's config.json); "clean" otherwise"""
+    options: str = ""
+    """the agent flags the leaderboard gave the cell, but --runs-dir ('' where not recorded); a committed row is
+    only taken for a cell asking for the same"""
     run_dir: str = ""
     steps: int = 0
     """step of the last evaluation"""

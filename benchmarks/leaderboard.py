@@ -13,7 +13,10 @@ RUNS_DIR/<grid>/<agent entry>/<task>/seed<seed>/, holding the agent's run direct
 (the agent's output, every attempt) and `cell.json` (its options and the timed attempts). Running
 the same command again skips finished cells (model.pt written), resumes interrupted ones from their
 last checkpoint with the agent's `--resume`, and starts the rest: a grid killed halfway loses only
-the steps since each run's last checkpoint (`--checkpoint-freq`).
+the steps since each run's last checkpoint (`--checkpoint-freq`). Where the run directories are not
+at hand (another machine, an earlier session), `--from-committed` takes the cells that the page's
+committed tables (<out-dir>/<name>_runs.csv and _curves.csv) hold as finished from those tables, and
+runs only the rest.
 
 Agents are found by module name: a grid may name any module of keelrl.agents that follows the agent
 conventions; an agent that cannot be imported is reported as unavailable and its cells are skipped.
@@ -53,7 +56,9 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
+
+import tyro
 
 from keelrl.agents.harness import RunOptions, agent_module
 from keelrl.benchmarks.aggregate import CONFIG_FILE, RunResult, read_run_figures
@@ -283,11 +288,29 @@ class Cell:
             failed = bool(attempts) and attempts[-1]["returncode"] != 0
             status = "done" if state == "done" else "failed" if failed else "unfinished"
         result = RunResult(self.grid.family, self.agent.name, self.agent.module, self.task.id, self.seed,
-                           self.task.steps, status)
+                           self.task.steps, status, options=" ".join(self.args))
         if run_dir is not None:
             read_run_figures(result, run_dir)
             result.wall_s = self.wall_seconds()
         return result
+
+    def committed_result(self, committed: list[RunResult]) -> RunResult | None:
+        """The finished run a committed page holds for this cell, when this machine holds no run of it (else None).
+        Refuses a row made for another budget or with other options (rows of tables that did not record the
+        options yet are matched by agent entry, task, seed and budget)."""
+        if self.run_dirs():
+            return None
+        key = (self.grid.family, self.agent.name, self.task.id, self.seed)
+        row = next((r for r in committed if (r.family, r.label, r.task, r.seed) == key and r.status == "done"), None)
+        if row is None:
+            return None
+        if row.budget != self.task.steps or row.options not in ("", " ".join(self.args)):
+            raise ValueError(
+                f"The committed tables hold {self.agent.name} {self.task.id} seed {self.seed} made with other "
+                f"options (budget {row.budget}, {row.options or 'options not recorded'}); the grid now asks for "
+                f"budget {self.task.steps}, {' '.join(self.args)}. Run without --from-committed, or give another --name."
+            )
+        return row
 
 
 def expand(grid: Grid, runs_dir: Path) -> list[Cell]:
@@ -403,10 +426,13 @@ def _run_on_ray(jobs: list[Job], address: str, workers: int, on_done: Callable[[
 def run_grids(
     grids: list[Grid], runs_dir: Path, workers: int = 2, ray_address: str | None = None, dry_run: bool = False,
     log: Callable[[str], None] = print, invocation: str = "", track: bool = False,
+    committed: list[RunResult] = (),
 ) -> list[RunResult]:
     """Run every unfinished cell of the grids; the RunResult of every cell, in grid order.
 
-    `invocation` (the leaderboard's command line) is recorded with each attempt in cell.json.
+    `invocation` (the leaderboard's command line) is recorded with each attempt in cell.json. A cell with no run
+    under runs_dir but a finished row in `committed` (a page's tables, see `Cell.committed_result`) is not run:
+    its result is that row.
     """
     if workers < 1:
         raise ValueError(f"--workers must be at least 1, got {workers}.")
@@ -417,15 +443,18 @@ def run_grids(
     runnable = [cell for cell in cells if cell.agent.module not in unavailable]
     for cell in runnable:
         cell.check_unchanged()
-    jobs = [(cell, cell.state()[0], cell.command(track)) for cell in runnable if cell.state()[0] != "done"]
-    done = len(runnable) - len(jobs)
+    taken = {cell.cell_dir: row for cell in runnable if (row := cell.committed_result(committed))}
+    jobs = [(cell, cell.state()[0], cell.command(track)) for cell in runnable
+            if cell.state()[0] != "done" and cell.cell_dir not in taken]
+    done = len(runnable) - len(jobs) - len(taken)
     resumes = sum(mode == "resume" for _, mode, _ in jobs)
     log(f"{len(cells)} cells: {done} finished (skipped), {resumes} to resume, {len(jobs) - resumes} to start, "
-        f"{len(cells) - len(runnable)} unavailable; runs under {runs_dir}")
+        f"{len(cells) - len(runnable)} unavailable" + (f", {len(taken)} taken from the committed tables" if taken else "")
+        + f"; runs under {runs_dir}")
     if dry_run:
         for cell, mode, command in jobs:
             log(f"{mode}: python {' '.join(command)}")
-        return _results(cells, unavailable)
+        return _results(cells, unavailable, taken)
     finished = 0
 
     def on_done(job: Job, outcome: dict[str, Any]) -> None:
@@ -445,11 +474,12 @@ def run_grids(
             _run_on_ray(jobs, ray_address, workers, on_done)
         else:
             _run_locally(jobs, workers, on_done)
-    return _results(cells, unavailable)
+    return _results(cells, unavailable, taken)
 
 
-def _results(cells: list[Cell], unavailable: dict[str, str]) -> list[RunResult]:
-    return [cell.result("unavailable" if cell.agent.module in unavailable else None) for cell in cells]
+def _results(cells: list[Cell], unavailable: dict[str, str], taken: dict[Path, RunResult]) -> list[RunResult]:
+    return [taken.get(cell.cell_dir) or cell.result("unavailable" if cell.agent.module in unavailable else None)
+            for cell in cells]
 
 
 def runs_provenance(cells: list[Cell], invocation: str) -> list[str]:
@@ -487,8 +517,9 @@ class Args:
     """without --grid: step budget of every cell"""
     family: str = "online"
     """without --grid: the table the results go in (online, offline, safe, streaming, rlvr)"""
-    option: tuple[str, ...] = ()
-    """without --grid: agent flags every cell gets, as NAME=VALUE (e.g. --option eval-freq=5000)"""
+    option: Annotated[tuple[str, ...], tyro.conf.UseAppendAction] = ()
+    """without --grid: an agent flag every cell gets, as NAME=VALUE; repeat it for each flag (e.g. --option
+    eval-freq=5000 --option batch-size=128)"""
     name: str | None = None
     """name of the leaderboard and its output files (default: the grid names joined by '+')"""
     workers: int = 2
@@ -501,6 +532,10 @@ class Args:
     """where the Markdown leaderboard, PNG curves and CSVs are written"""
     report_only: bool = False
     """run nothing: write the outputs from the runs already there"""
+    from_committed: bool = False
+    """neither run nor re-read a cell that this machine holds no run of but the page's committed tables do
+    (<out-dir>/<name>_runs.csv and _curves.csv: runs of an earlier session or another machine); its row there is
+    its result"""
     dry_run: bool = False
     """run nothing and write nothing: print each cell's state and command"""
     bootstrap_reps: int = 10_000
@@ -569,24 +604,24 @@ def shareable_text(text: str) -> str:
 def main(argv: list[str] | None = None) -> int:
     import shlex
 
-    import tyro
-
     args = tyro.cli(Args, args=argv)
     try:
         grids = grids_from_args(args)
         name = args.name or "+".join(grid.name for grid in grids)
         argv = sys.argv[1:] if argv is None else argv
         invocation = f"python -m keelrl.benchmarks.leaderboard {shlex.join(shareable_arguments(argv))}"
+        from keelrl.benchmarks.report import committed_provenance, read_runs_tables, write_report
+
+        committed = read_runs_tables(Path(args.out_dir), name) if args.from_committed else []
         results = run_grids(grids, Path(args.runs_dir), args.workers, args.ray, args.dry_run or args.report_only,
-                            invocation=invocation, track=args.track)
+                            invocation=invocation, track=args.track, committed=committed)
         if args.dry_run:
             return 0
-        from keelrl.benchmarks.report import write_report
-
         engine = f"Ray ({args.ray})" if args.ray else "local processes"
         header = [f"Command: `{invocation}`"]
         header += [] if args.report_only else [f"Execution: {engine}, --workers {args.workers}"]
         header += runs_provenance([cell for grid in grids for cell in expand(grid, Path(args.runs_dir))], invocation)
+        header += committed_provenance(results, committed, Path(args.out_dir), name)
         header += [f"Note: {shareable_text(args.note)}"] if args.note else []
         header += [grid.description for grid in grids if grid.description]
         for path in write_report(Path(args.out_dir), name, results, header, args.bootstrap_reps, Path(args.runs_dir)):

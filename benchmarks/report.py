@@ -276,6 +276,42 @@ def write_csvs(out_dir: Path, name: str, results: list[RunResult], reps: int, ru
         for r in results for step, value in r.curve])
 
 
+def read_runs_tables(out_dir: Path, name: str) -> list[RunResult]:
+    """The runs of a page written by `write_csvs`, back from {name}_runs.csv with their curves from _curves.csv
+    (none when the page has no tables)."""
+    path = out_dir / f"{name}_runs.csv"
+    if not path.is_file():
+        return []
+    curves: dict[tuple[str, str, str, int], list[tuple[int, float]]] = {}
+    with (out_dir / f"{name}_curves.csv").open() as f:
+        for row in csv.DictReader(f):
+            key = (row["family"], row["agent"], row["task"], int(row["seed"]))
+            curves.setdefault(key, []).append((int(row["step"]), float(row["eval_return"])))
+    with path.open() as f:
+        rows = list(csv.DictReader(f))
+    return [RunResult(
+        row["family"], row["label"], row["agent"], row["task"], int(row["seed"]), int(row["budget"]), row["status"],
+        data=row["data"], options=row.get("options", ""), run_dir=row["run_dir"], steps=int(row["steps"]),
+        final_return=float(row["final_return"]), final_cost=float(row["final_cost"]), score=float(row["score"]),
+        last_train_return=float(row["last_train_return"]), wall_s=float(row["wall_s"]),
+        curve=curves.get((row["family"], row["label"], row["task"], int(row["seed"])), []),
+    ) for row in rows]
+
+
+def committed_provenance(results: list[RunResult], committed: list[RunResult], out_dir: Path, name: str) -> list[str]:
+    """A header line naming the results taken from the committed tables, with the commit that last wrote them."""
+    taken = [r for r in results if any(r is row for row in committed)]
+    if not taken:
+        return []
+    seeds: dict[str, list[str]] = {}
+    for r in taken:
+        seeds.setdefault(f"{r.label} {r.task}", []).append(str(r.seed))
+    commit = _git("log", "-1", "--format=%h", "--", str((out_dir / f"{name}_runs.csv").resolve()))
+    where = f"as committed in `{commit}`, whose page says how they were made" if commit else "never committed"
+    return [f"Runs taken from the tables {name}_runs.csv and {name}_curves.csv ({where}): {len(taken)} — "
+            + "; ".join(f"{cell} seed {', '.join(numbers)}" for cell, numbers in seeds.items())]
+
+
 def _relative_run_dir(run_dir: str, runs_dir: Path | None) -> str:
     if not run_dir or runs_dir is None:
         return run_dir

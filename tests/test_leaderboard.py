@@ -383,3 +383,36 @@ def test_the_page_records_no_local_path(tmp_path):
     assert str(tmp_path) not in page and str(leaderboard.REPOSITORY) not in page
     assert "--runs-dir RUNS_DIR --out-dir=OUT_DIR" in page
     assert page.count("datasets in LOCAL_PATH, grids in benchmarks/grids, 1/2 done") == 2  # the command and the note
+
+
+def test_runs_of_the_committed_tables_are_taken_not_run_again(tmp_path):
+    """--from-committed: a cell this machine holds no run of is taken from the page's tables (an earlier session's
+    or another machine's runs), figures and curve unchanged; a row made with other options is refused."""
+    options = [arg for name, value in TINY.items() for arg in ("--option", f"{name}={json.dumps(value)}")]
+    common = ["--agents", "sac", "--tasks", TASK, "--steps", "200", "--name", "page", "--workers", "1",
+              "--out-dir", str(tmp_path / "out"), "--bootstrap-reps", "10"]
+    assert leaderboard.main([*common, *options, "--seeds", "1", "--runs-dir", str(tmp_path / "earlier")]) == 0
+    with open(tmp_path / "out" / "page_runs.csv") as f:
+        (earlier,) = list(csv.DictReader(f))
+    assert earlier["options"].startswith("--seed 1 --learning-starts 200")
+    earlier_curve = (tmp_path / "out" / "page_curves.csv").read_text().splitlines()[1:]
+
+    here = tmp_path / "here"  # a fresh machine: seed 1 only in the committed tables, seed 2 nowhere
+    argv = [*common, *options, "--seeds", "1", "2", "--runs-dir", str(here), "--from-committed"]
+    assert leaderboard.main(argv) == 0
+    assert not (here / "page" / "sac" / TASK / "seed1").exists()  # not run again
+    assert (here / "page" / "sac" / TASK / "seed2" / "cell.json").is_file()
+    with open(tmp_path / "out" / "page_runs.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert [row["seed"] for row in rows] == ["1", "2"] and rows[0] == earlier
+    curves = (tmp_path / "out" / "page_curves.csv").read_text().splitlines()[1:]
+    assert curves[:2] == earlier_curve and len(curves) == 4  # seed 1's evaluations as committed, then seed 2's
+    page = (tmp_path / "out" / "page.md").read_text()
+    assert f"Runs taken from the tables page_runs.csv and page_curves.csv (never committed): 1 — sac {TASK} seed 1" in page
+    finals = [float(row["final_return"]) for row in rows]
+    assert f"| sac | {TASK} | 200 | 2/2 | {np.mean(finals):.1f} ± {np.std(finals):.1f} |" in page
+
+    changed = [arg.replace("batch-size=16", "batch-size=32") for arg in options]
+    fresh = ["--runs-dir", str(tmp_path / "fresh"), "--from-committed", "--dry-run"]
+    assert leaderboard.main([*common, *changed, "--seeds", "1", *fresh]) == 2  # refused, nothing run
+    assert not (tmp_path / "fresh").exists()
