@@ -54,7 +54,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -294,7 +294,7 @@ class Cell:
             result.wall_s = self.wall_seconds()
         return result
 
-    def committed_result(self, committed: list[RunResult]) -> RunResult | None:
+    def committed_result(self, committed: Sequence[RunResult]) -> RunResult | None:
         """The finished run a committed page holds for this cell, when this machine holds no run of it (else None).
         Refuses a row made for another budget or with other options (rows of tables that did not record the
         options yet are matched by agent entry, task, seed and budget)."""
@@ -426,7 +426,7 @@ def _run_on_ray(jobs: list[Job], address: str, workers: int, on_done: Callable[[
 def run_grids(
     grids: list[Grid], runs_dir: Path, workers: int = 2, ray_address: str | None = None, dry_run: bool = False,
     log: Callable[[str], None] = print, invocation: str = "", track: bool = False,
-    committed: list[RunResult] = (),
+    committed: Sequence[RunResult] = (),
 ) -> list[RunResult]:
     """Run every unfinished cell of the grids; the RunResult of every cell, in grid order.
 
