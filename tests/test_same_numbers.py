@@ -1,19 +1,24 @@
-"""Same seed, same numbers: a short CPU run of every agent writes exactly the episodes.csv and eval.csv
-recorded in tests/golden/ (written by this module's code before the agents were restructured).
+"""Same seed, same numbers: a short CPU run of every agent writes exactly the episodes.csv, eval.csv and
+weight digest recorded in tests/golden/<machine kind>/<case>/ (first written by this module's code before
+the agents were restructured).
 
-A refactoring must leave these bit-identical. A change meant to alter the numbers (a fix, a new default)
-rewrites them on purpose, in the same commit, with
+A refactoring must leave these bit-identical. The runs are one thread each, but CPUs with other vector
+extensions (or another torch) round differently, so each machine kind has its own records and a case is
+compared only where its kind has one (elsewhere the test skips and says which kinds have it). Two ways to
+write them, in the commit that needs it, saying why in its message:
 
-    python -m tests.test_same_numbers --write
-
-and says why in its message. The runs are one thread each; other CPUs may round differently, so the
-files are only compared on the machine kind that wrote them (tests/golden/MACHINE; elsewhere the test
-skips and says why).
+    python -m tests.test_same_numbers --write [CASE ...]        # the numbers changed on purpose (a fix, a new
+                                                                # default): record them on this machine kind
+                                                                # and drop the other kinds' records of those
+                                                                # cases, which no longer hold
+    python -m tests.test_same_numbers --add-machine [CASE ...]  # numbers unchanged since the other kinds'
+                                                                # records passed: record this kind beside them
 """
 
 from __future__ import annotations
 
 import platform
+import re
 import shutil
 import sys
 from pathlib import Path
@@ -115,38 +120,54 @@ def machine_kind() -> str:
     return f"{platform.machine()} {simd}, torch {torch.__version__}"
 
 
-RECORDED_ON = (GOLDEN / "MACHINE").read_text().strip() if (GOLDEN / "MACHINE").is_file() else "nowhere"
+def kind_directory(kind: str) -> str:
+    """'x86_64 avx2, torch 2.13.0+cpu' -> 'x86_64-avx2-torch-2.13.0+cpu': the folder of that kind's records."""
+    return re.sub(r"[^\w.+]+", "-", kind)
 
 
-@pytest.mark.skipif(machine_kind() != RECORDED_ON,
-                    reason=f"the recorded logs were written on {RECORDED_ON}, this is {machine_kind()}")
+HERE = GOLDEN / kind_directory(machine_kind())
+
+
 @pytest.mark.parametrize("case", CASES)
 def test_a_short_run_writes_the_recorded_logs(case, tmp_path, capsys):
+    if not (HERE / case).is_dir():
+        kinds = sorted(d.name for d in GOLDEN.iterdir() if (d / case).is_dir())
+        pytest.skip(f"no logs of {case} recorded on {HERE.name}, only on: {', '.join(kinds) or 'none'}")
     if case == "grpo":
         pytest.importorskip("transformers")
     run_dir = run(case, tmp_path)
     write_weight_digest(run_dir)
     for name in LOGS:
-        recorded = (GOLDEN / case / name).read_text()
-        assert name == "episodes.csv" or recorded.count("\n") > 1, f"tests/golden/{case}/{name} holds no rows"
-        assert (run_dir / name).read_text() == recorded, f"{case}: {name} differs from tests/golden/{case}/{name}"
+        recorded_path = HERE / case / name
+        recorded = recorded_path.read_text()
+        where = recorded_path.relative_to(GOLDEN.parent.parent)
+        assert name == "episodes.csv" or recorded.count("\n") > 1, f"{where} holds no rows"
+        assert (run_dir / name).read_text() == recorded, f"{case}: {name} differs from {where}"
 
 
-def write_golden(cases: tuple[str, ...]) -> None:
+def write_golden(cases: tuple[str, ...], drop_other_kinds: bool) -> None:
+    """Record the cases' logs on this machine kind; with `drop_other_kinds`, delete the other kinds' records of
+    them (the numbers changed, and this machine cannot say what those kinds now write)."""
     import tempfile
 
     with tempfile.TemporaryDirectory() as scratch:
         for case in cases:
             run_dir = run(case, Path(scratch) / case)
             write_weight_digest(run_dir)
-            (GOLDEN / case).mkdir(parents=True, exist_ok=True)
+            (HERE / case).mkdir(parents=True, exist_ok=True)
             for name in LOGS:
-                shutil.copyfile(run_dir / name, GOLDEN / case / name)
-            print(f"wrote tests/golden/{case}/")
-    (GOLDEN / "MACHINE").write_text(machine_kind() + "\n")
+                shutil.copyfile(run_dir / name, HERE / case / name)
+            print(f"wrote tests/golden/{HERE.name}/{case}/")
+            others = [d / case for d in GOLDEN.iterdir() if d != HERE and (d / case).is_dir()]
+            for record in others if drop_other_kinds else []:
+                shutil.rmtree(record)
+                print(f"dropped tests/golden/{record.parent.name}/{case}/ (record it again on such a machine)")
 
 
 if __name__ == "__main__":
-    if sys.argv[1:2] != ["--write"]:
-        raise SystemExit("usage: python -m tests.test_same_numbers --write [CASE ...]")
-    write_golden(tuple(sys.argv[2:]) or CASES)
+    mode, cases = sys.argv[1:2], tuple(sys.argv[2:])
+    unknown = sorted(set(cases) - set(CASES))
+    if mode not in (["--write"], ["--add-machine"]) or unknown:
+        raise SystemExit("usage: python -m tests.test_same_numbers --write|--add-machine [CASE ...]"
+                         + (f"; unknown cases {unknown}, known: {', '.join(CASES)}" if unknown else ""))
+    write_golden(cases or CASES, drop_other_kinds=mode == ["--write"])
