@@ -83,7 +83,8 @@ class RunResult:
         return self.steps / self.wall_s if self.wall_s > 0 else float("nan")
 
 
-def _read_csv(path: Path) -> list[dict[str, str]]:
+def read_csv_rows(path: Path) -> list[dict[str, str]]:
+    """The rows of a CSV file, by column name ([] when there is no such file)."""
     if not path.is_file():
         return []
     with path.open() as f:
@@ -92,8 +93,8 @@ def _read_csv(path: Path) -> list[dict[str, str]]:
 
 def read_run_figures(result: RunResult, run_dir: Path) -> RunResult:
     """Fill `result`'s figures from run_dir/eval.csv and episodes.csv, its data condition from config.json."""
-    evals = _read_csv(run_dir / "eval.csv")
-    episodes = _read_csv(run_dir / "episodes.csv")
+    evals = read_csv_rows(run_dir / "eval.csv")
+    episodes = read_csv_rows(run_dir / "episodes.csv")
     result.run_dir = str(run_dir)
     result.data = data_condition(run_dir / CONFIG_FILE)
     result.curve = [(int(row["global_step"]), float(row["mean_return"])) for row in evals]

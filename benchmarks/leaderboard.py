@@ -304,11 +304,12 @@ class Cell:
         row = next((r for r in committed if (r.family, r.label, r.task, r.seed) == key and r.status == "done"), None)
         if row is None:
             return None
-        if row.budget != self.task.steps or row.options not in ("", " ".join(self.args)):
+        asked = " ".join(self.args)
+        if row.budget != self.task.steps or row.options not in ("", asked):
             raise ValueError(
                 f"The committed tables hold {self.agent.name} {self.task.id} seed {self.seed} made with other "
                 f"options (budget {row.budget}, {row.options or 'options not recorded'}); the grid now asks for "
-                f"budget {self.task.steps}, {' '.join(self.args)}. Run without --from-committed, or give another --name."
+                f"budget {self.task.steps}, {asked}. Run without --from-committed, or give another --name."
             )
         return row
 

@@ -22,6 +22,7 @@ from keelrl.benchmarks.aggregate import (
     CellSummary,
     RunResult,
     iqm_by_agent,
+    read_csv_rows,
     run_outcome,
     summarize_cells,
 )
@@ -279,23 +280,17 @@ def write_csvs(out_dir: Path, name: str, results: list[RunResult], reps: int, ru
 def read_runs_tables(out_dir: Path, name: str) -> list[RunResult]:
     """The runs of a page written by `write_csvs`, back from {name}_runs.csv with their curves from _curves.csv
     (none when the page has no tables)."""
-    path = out_dir / f"{name}_runs.csv"
-    if not path.is_file():
-        return []
     curves: dict[tuple[str, str, str, int], list[tuple[int, float]]] = {}
-    with (out_dir / f"{name}_curves.csv").open() as f:
-        for row in csv.DictReader(f):
-            key = (row["family"], row["agent"], row["task"], int(row["seed"]))
-            curves.setdefault(key, []).append((int(row["step"]), float(row["eval_return"])))
-    with path.open() as f:
-        rows = list(csv.DictReader(f))
+    for row in read_csv_rows(out_dir / f"{name}_curves.csv"):  # not written when no run has an evaluation
+        key = (row["family"], row["agent"], row["task"], int(row["seed"]))
+        curves.setdefault(key, []).append((int(row["step"]), float(row["eval_return"])))
     return [RunResult(
         row["family"], row["label"], row["agent"], row["task"], int(row["seed"]), int(row["budget"]), row["status"],
         data=row["data"], options=row.get("options", ""), run_dir=row["run_dir"], steps=int(row["steps"]),
         final_return=float(row["final_return"]), final_cost=float(row["final_cost"]), score=float(row["score"]),
         last_train_return=float(row["last_train_return"]), wall_s=float(row["wall_s"]),
         curve=curves.get((row["family"], row["label"], row["task"], int(row["seed"])), []),
-    ) for row in rows]
+    ) for row in read_csv_rows(out_dir / f"{name}_runs.csv")]
 
 
 def committed_provenance(results: list[RunResult], committed: list[RunResult], out_dir: Path, name: str) -> list[str]:
