@@ -20,6 +20,8 @@ import dataclasses
 import os
 import re
 import warnings
+import zipfile
+import zlib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Literal
@@ -132,13 +134,27 @@ def _minari_data_dir(source: str, data_path: str | os.PathLike | None) -> Path:
 
 
 def _how_to_make(dataset_id: str) -> str:
-    match = re.fullmatch(r"keelrl/([a-z0-9]+)-([a-z-]+)-v\d+", dataset_id)
+    """The make_datasets command that makes exactly `dataset_id` (keelrl/{family}-{kind}[-quick]-v{version})."""
+    match = re.fullmatch(r"keelrl/(.+?)-(random|medium-replay|medium-expert|medium|expert)(-quick)?-v(\d+)", dataset_id)
     if match is None:
         return (f"Make keelrl's D4RL-style datasets with: {MAKE_DATASETS} --env-id Hopper-v5 "
                 f"(ids keelrl/hopper-medium-v0 and so on), or pass a .hdf5/.npz file in the D4RL layout.")
-    family, kind = match.groups()
-    env_id = {"hopper": "Hopper-v5", "halfcheetah": "HalfCheetah-v5", "walker2d": "Walker2d-v5"}.get(family, "ENV_ID")
-    return f"Create it with: {MAKE_DATASETS} --env-id {env_id} --datasets {kind}"
+    family, kind, quick, version = match.groups()
+    env_id = _latest_env_of_family(family)
+    where = "" if env_id else f" (ENV_ID: the gymnasium environment named {family!r})"
+    options = f" --env-id {env_id or 'ENV_ID'} --datasets {kind}" + " --quick" * bool(quick)
+    return f"Create it{where} with: {MAKE_DATASETS}{options}" + f" --version {version}" * (version != "0")
+
+
+def _latest_env_of_family(family: str) -> str | None:
+    """The newest registered gymnasium id whose `env_family` is `family` ('hopper' -> 'Hopper-v5'), if any."""
+    ids = [env_id for env_id in gym.registry if env_family(env_id) == family]
+    return max(ids, key=lambda env_id: (_env_version(env_id), "/" not in env_id), default=None)
+
+
+def _env_version(env_id: str) -> int:
+    match = re.search(r"-v(\d+)$", env_id)
+    return int(match.group(1)) if match else -1
 
 
 def _read_minari(data_dir: Path, source: str) -> tuple[dict[str, np.ndarray], DatasetInfo]:
@@ -174,14 +190,7 @@ def _read_d4rl_file(path: Path) -> dict[str, np.ndarray]:
     """A D4RL-style .hdf5 or .npz; without `next_observations`, it is D4RL's raw format (see below)."""
     if not path.is_file():
         raise FileNotFoundError(f"No dataset file at {path}.")
-    if path.suffix == ".npz":
-        with np.load(path) as file:
-            data = {key: file[key] for key in file.files}
-    else:
-        import h5py
-
-        with h5py.File(path, "r") as file:
-            data = {key: file[key][()] for key in file.keys() if isinstance(file[key], h5py.Dataset)}
+    data = _read_npz(path) if path.suffix == ".npz" else _read_hdf5(path)
     missing = [key for key in D4RL_KEYS if key not in data and key != "next_observations"]
     if missing:
         raise ValueError(f"{path} is not in the D4RL layout: it has no {', '.join(missing)} "
@@ -189,6 +198,39 @@ def _read_d4rl_file(path: Path) -> dict[str, np.ndarray]:
     if "next_observations" not in data:
         data = _next_from_following(data)
     return {key: data[key] for key in D4RL_KEYS}
+
+
+def _read_npz(path: Path) -> dict[str, np.ndarray]:
+    """Every array of an .npz archive (nothing is unpickled); a damaged or foreign file raises one ValueError."""
+    try:
+        file = np.load(path)  # allow_pickle stays False
+        if not isinstance(file, np.lib.npyio.NpzFile):
+            raise ValueError("it holds a single array, as an .npy file does")
+        with file:
+            return {key: file[key] for key in file.files}
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile, zlib.error) as err:
+        raise _damaged(path, "npz", err) from None
+
+
+def _read_hdf5(path: Path) -> dict[str, np.ndarray]:
+    """Every top-level dataset of an HDF5 file; a damaged or foreign file raises one ValueError."""
+    try:
+        import h5py
+    except ImportError:
+        raise ValueError(f"Reading {path} needs h5py: pip install 'keelrl[offline]' (or pip install h5py).") from None
+    try:
+        with h5py.File(path, "r") as file:
+            return {key: file[key][()] for key in file.keys() if isinstance(file[key], h5py.Dataset)}
+    except (OSError, ValueError, KeyError) as err:
+        raise _damaged(path, "HDF5", err) from None
+
+
+def _damaged(path: Path, kind: str, err: Exception) -> ValueError:
+    """The one-line error for a file that cannot be read as `kind`, with the reader's first line of why."""
+    lines = str(err).strip().splitlines()
+    reason = lines[0] if lines else type(err).__name__
+    return ValueError(f"{path} is damaged or not an {kind} file ({reason}): write it again, or pass another "
+                      f"dataset (a Minari id, or a D4RL-layout .npz/.hdf5 file).")
 
 
 def _next_from_following(data: dict[str, np.ndarray]) -> dict[str, np.ndarray]:

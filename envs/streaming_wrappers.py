@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from keelrl.envs.normalize import RunningStats
-from keelrl.envs.vec_env import _suggest
+from keelrl.envs.vec_env import make_gym_env
 from keelrl.envs.video import render_kwargs
 
 
@@ -143,11 +143,7 @@ def make_stream_env(
     """One gymnasium env: a NaN/inf check → episode statistics (raw rewards, `info["episode"]`) →
     actions clipped to the bounds of a Box space (`env.unwrapped.action_space` keeps them) → obs
     normaliser → time feature → reward scaler, each of the last three on when asked for."""
-    try:
-        env = gym.make(env_id, **(env_kwargs or {}))
-    except gym.error.Error as err:
-        known = [k for k in gym.registry if not k.startswith("keelrl_test")]
-        raise ValueError(f"Unknown gymnasium environment id {env_id!r} ({err}).{_suggest(env_id, known)}") from None
+    env = make_gym_env(env_id, **(env_kwargs or {}))
     space = env.observation_space
     if not (isinstance(space, gym.spaces.Box) and len(space.shape) == 1):
         env.close()

@@ -33,17 +33,22 @@ def _suggest(name: str, known: list[str]) -> str:
     return f" Did you mean {', '.join(repr(c) for c in close)}?" if close else ""
 
 
+def make_gym_env(env_id: str, **env_kwargs: Any) -> gym.Env:
+    """`gym.make(env_id, **env_kwargs)`; an id gymnasium cannot make raises one ValueError suggesting close ids."""
+    try:
+        return gym.make(env_id, **env_kwargs)
+    except gym.error.Error as err:
+        known = [k for k in gym.registry if not k.startswith("keelrl_test")]
+        raise ValueError(
+            f"Unknown gymnasium environment id {env_id!r} ({err}).{_suggest(env_id, known)}"
+        ) from None
+
+
 class _GymnasiumBackend:
     """N gymnasium envs stepped in this process; sub-env i is seeded with seed + i."""
 
     def __init__(self, env_id: str, num_envs: int, seed: int, env_kwargs: dict[str, Any]):
-        try:
-            self.envs = [gym.make(env_id, **env_kwargs) for _ in range(num_envs)]
-        except gym.error.Error as err:
-            known = [k for k in gym.registry if not k.startswith("keelrl_test")]
-            raise ValueError(
-                f"Unknown gymnasium environment id {env_id!r} ({err}).{_suggest(env_id, known)}"
-            ) from None
+        self.envs = [make_gym_env(env_id, **env_kwargs) for _ in range(num_envs)]
         self.seed = seed
         self.observation_space = self.envs[0].observation_space
         self.action_space = self.envs[0].action_space

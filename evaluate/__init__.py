@@ -25,6 +25,7 @@ import tyro
 
 from keelrl.agents.harness import MODEL_FILE, agent_class, agent_module, load_checkpoint, restoring
 from keelrl.envs.streaming_wrappers import frozen_stream_env, stream_env_for
+from keelrl.envs.vec_env import make_gym_env
 from keelrl.envs.video import (
     VideoSource,
     VideoUnavailable,
@@ -80,6 +81,39 @@ def model_path(path: str) -> Path:
     return given
 
 
+def check_options(config: EvaluateConfig) -> None:
+    """Refuse option values no evaluation can use, before anything is loaded."""
+    if config.episodes < 1:
+        raise ValueError(f"--episodes must be positive, got {config.episodes}.")
+    if config.seed < 0:
+        raise ValueError(f"--seed must be non-negative (gymnasium refuses negative seeds), got {config.seed}.")
+
+
+def csv_path(config: EvaluateConfig, model: Path) -> Path:
+    """Where the episodes go: --csv, else evaluation.csv beside the model; a directory, or a file in a directory
+    that does not exist, is refused before any episode is played."""
+    if not config.csv:
+        return model.parent / "evaluation.csv"
+    path = Path(config.csv)
+    if path.is_dir():
+        raise ValueError(f"--csv {path} is a directory: name a file, e.g. --csv {path / 'evaluation.csv'}.")
+    if not path.parent.is_dir():
+        raise ValueError(f"--csv {path}: the directory {path.parent} does not exist; create it or name a file "
+                         f"in an existing directory.")
+    return path
+
+
+def check_saved_agent(state: dict[str, Any], model: Path) -> None:
+    """Refuse a checkpoint that is not a saved agent, e.g. a run's training checkpoint."""
+    if "config" in state:
+        return
+    if "global_step" in state:
+        raise ValueError(f"{model} is a training checkpoint (what --resume continues from), not a saved agent: "
+                         f"pass the run directory ({model.parent}) or its {MODEL_FILE}.")
+    raise ValueError(f"{model} is not a saved keelrl agent (no 'config' entry): pass a run directory or its "
+                     f"{MODEL_FILE}.")
+
+
 def saved_env_id(state: dict[str, Any], model: Path) -> str | None:
     """The env the saved agent acts in: its config's env_id, else the run's dataset.json (offline agents)."""
     env_id = state["config"].get("env_id")
@@ -89,18 +123,39 @@ def saved_env_id(state: dict[str, Any], model: Path) -> str | None:
     return env_id
 
 
-def check_observations(agent: Any, env_id: str, algo: str) -> None:
-    """Refuse an env whose observations do not have the size the saved networks take."""
-    expected = getattr(agent, "obs_dim", None)
+def saved_action_space(agent: Any) -> gym.Space | None:
+    """The action space the saved agent acts in: a streaming agent's own, else the Box of its action bounds."""
+    if hasattr(agent, "action_space"):
+        return agent.action_space
+    if hasattr(agent, "action_low"):
+        return gym.spaces.Box(agent.action_low.cpu().numpy(), agent.action_high.cpu().numpy())
+    return None
+
+
+def same_kind(space: gym.Space, saved: gym.Space) -> bool:
+    """Both Discrete with as many actions, or both Box of one shape (the bounds may differ)."""
+    if isinstance(saved, gym.spaces.Discrete):
+        return isinstance(space, gym.spaces.Discrete) and space.n == saved.n
+    return isinstance(space, gym.spaces.Box) and space.shape == saved.shape
+
+
+def check_env(agent: Any, env_id: str, algo: str) -> None:
+    """Refuse an unknown env id, and an env whose observations or actions are not those the saved networks take."""
     if algo in STREAMING:
         env = stream_env_for(agent.config, env_id)  # the streaming wrappers may add a time feature
     else:
-        env = gym.make(env_id)
-    size = int(np.prod(env.observation_space.shape))
+        env = make_gym_env(env_id)
+    shape, actions = env.observation_space.shape, env.unwrapped.action_space  # unwrapped: before ClipAction
     env.close()
+    expected, saved = getattr(agent, "obs_dim", None), saved_action_space(agent)
+    size = None if shape is None else int(np.prod(shape))
     if expected is not None and size != expected:
-        raise ValueError(f"{env_id} gives {size}-dimensional observations, but the saved {algo} agent takes "
+        given = env.observation_space if size is None else f"{size}-dimensional"
+        raise ValueError(f"{env_id} gives {given} observations, but the saved {algo} agent takes "
                          f"{expected}: evaluate it on the environment it was trained for.")
+    if saved is not None and not same_kind(actions, saved):
+        raise ValueError(f"{env_id} has {actions} actions, but the saved {algo} agent acts with {saved}: evaluate "
+                         f"it on the environment it was trained for.")
 
 
 def video_source(agent: Any, algo: str, env_id: str, config: EvaluateConfig) -> VideoSource:
@@ -114,10 +169,11 @@ def video_source(agent: Any, algo: str, env_id: str, config: EvaluateConfig) -> 
 
 def evaluate_saved(config: EvaluateConfig) -> Evaluation:
     """Load the saved agent, play `episodes` episodes, write the CSV (and the video)."""
-    if config.episodes < 1:
-        raise ValueError(f"--episodes must be positive, got {config.episodes}.")
+    check_options(config)
     model = model_path(config.path)
+    csv_file = csv_path(config, model)
     state = load_checkpoint(model, algo=None)
+    check_saved_agent(state, model)
     algo = state["algo"]
     agent_module(algo)  # an algorithm keelrl does not have is refused here
     if algo == "grpo":
@@ -128,21 +184,37 @@ def evaluate_saved(config: EvaluateConfig) -> Evaluation:
         raise ValueError(f"{model} does not say which environment it acts in: give --env-id.")
     with restoring(model):
         agent = agent_class(algo).load(model)
-    check_observations(agent, env_id, algo)
+    check_env(agent, env_id, algo)
     returns, costs = agent_module(algo).evaluate(agent, env_id, config.episodes, config.seed,
                                                  deterministic=not config.stochastic)
-    csv_path = Path(config.csv) if config.csv else model.parent / "evaluation.csv"
-    with csv_path.open("w", newline="") as f:
-        writer = csv.writer(f)
-        writer.writerow(["episode", "seed", "return", "cost"])
-        writer.writerows([i, config.seed + i, float(r), float(c)] for i, (r, c) in enumerate(zip(returns, costs)))
-    video_path = None
-    if config.capture_video:
-        offscreen_gl_backend()
+    write_csv(csv_file, config.seed, returns, costs)
+    video_path = film(agent, algo, env_id, config, model, csv_file) if config.capture_video else None
+    return Evaluation(algo, env_id, returns, costs, csv_file, video_path)
+
+
+def film(agent: Any, algo: str, env_id: str, config: EvaluateConfig, model: Path, csv_file: Path) -> Path:
+    """Film the first episode into videos/ beside the model; an env that cannot render here raises VideoUnavailable."""
+    offscreen_gl_backend()
+    try:
         episode = film_episode(video_source(agent, algo, env_id, config))
-        video_path = model.parent / "videos" / f"evaluate_{env_id.replace('/', '_')}_seed{config.seed}.mp4"
-        write_mp4(video_path, episode.frames, episode.fps)
-    return Evaluation(algo, env_id, returns, costs, csv_path, video_path)
+    except gym.error.DependencyNotInstalled as err:
+        raise VideoUnavailable(f"--capture-video: {env_id} cannot render here ({err}); the episodes are written "
+                               f"to {csv_file}.") from None
+    video_path = model.parent / "videos" / f"evaluate_{env_id.replace('/', '_')}_seed{config.seed}.mp4"
+    write_mp4(video_path, episode.frames, episode.fps)
+    return video_path
+
+
+def write_csv(path: Path, seed: int, returns: np.ndarray, costs: np.ndarray) -> None:
+    """One row per episode: episode, seed, return, cost."""
+    try:
+        with path.open("w", newline="") as f:
+            writer = csv.writer(f)
+            writer.writerow(["episode", "seed", "return", "cost"])
+            writer.writerows([i, seed + i, float(r), float(c)] for i, (r, c) in enumerate(zip(returns, costs)))
+    except OSError as err:
+        raise ValueError(f"Cannot write {path} ({err.strerror}): give --csv a file in a directory you can "
+                         f"write to.") from None
 
 
 def main(args: list[str] | None = None) -> int:

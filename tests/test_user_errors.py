@@ -1,0 +1,185 @@
+"""Plausible user mistakes on the evaluation command and with datasets: one line, no traceback, exit code 2."""
+
+from __future__ import annotations
+
+import importlib.util
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tyro
+
+from keelrl.agents import iql, sac, stream_q
+from keelrl.agents.harness import run_cli
+from keelrl.benchmarks.make_datasets import MakeDatasetsConfig, dataset_id, with_quick
+from keelrl.buffers.offline import MAKE_DATASETS, load_dataset
+from keelrl.envs.video import VideoUnavailable, offscreen_gl_backend
+from keelrl.evaluate import main as evaluate_main
+
+
+@pytest.fixture(scope="module")
+def sac_run(tmp_path_factory) -> Path:
+    """A finished tiny SAC run on InvertedPendulum-v5 (4-d observations, 1-d Box actions)."""
+    return sac.train(sac.SACConfig(env_id="InvertedPendulum-v5", total_timesteps=300, learning_starts=100,
+                                   batch_size=32, hidden_sizes=(32, 32), eval_episodes=1, quiet=True,
+                                   runs_dir=str(tmp_path_factory.mktemp("sac")))).run_dir
+
+
+@pytest.fixture(scope="module")
+def stream_run(tmp_path_factory) -> Path:
+    """A finished tiny stream Q(λ) run on CartPole-v1 (4-d observations + time feature, 2 discrete actions)."""
+    return stream_q.train(stream_q.StreamQConfig(env_id="CartPole-v1", total_timesteps=300, hidden_sizes=(8, 8),
+                                                 eval_freq=0, eval_episodes=1, quiet=True,
+                                                 runs_dir=str(tmp_path_factory.mktemp("stream")))).run_dir
+
+
+def one_line_error(capsys) -> str:
+    """The single `error: ...` line the command printed on stderr."""
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith("error: "), err
+    return err
+
+
+# ---------------------------------------------------------------------------------------------------
+# python -m keelrl.evaluate
+
+
+def test_evaluating_a_training_checkpoint_says_to_pass_the_run_directory(sac_run):
+    done = subprocess.run([sys.executable, "-m", "keelrl.evaluate", str(sac_run / "checkpoint.pt")],
+                          capture_output=True, text=True)
+    assert done.returncode == 2
+    err = done.stderr.strip()
+    assert len(err.splitlines()) == 1 and "Traceback" not in err, err
+    assert err.startswith(f"error: {sac_run / 'checkpoint.pt'} is a training checkpoint")
+    assert "pass the run directory" in err and "model.pt" in err
+
+
+@pytest.mark.parametrize("run, env_id, suggestion", [("sac", "Hoper-v5", "'Hopper-v5'"),
+                                                     ("stream", "CartPol-v1", "'CartPole-v1'")])
+def test_evaluating_on_an_unknown_env_id_suggests_close_ids(run, env_id, suggestion, sac_run, stream_run, capsys):
+    capsys.readouterr()
+    assert evaluate_main([str(sac_run if run == "sac" else stream_run), "--env-id", env_id]) == 2
+    err = one_line_error(capsys)
+    assert err.startswith(f"error: Unknown gymnasium environment id {env_id!r}")
+    assert f"Did you mean {suggestion}" in err
+
+
+@pytest.mark.parametrize("option, value, expected", [("--seed", "-1", "--seed must be non-negative"),
+                                                     ("--episodes", "0", "--episodes must be positive")])
+def test_evaluating_with_a_bad_seed_or_episode_count_is_refused(option, value, expected, sac_run, capsys):
+    capsys.readouterr()
+    assert evaluate_main([str(sac_run), option, value]) == 2
+    assert expected in one_line_error(capsys)
+
+
+@pytest.mark.parametrize("case", ["directory", "missing_directory"])
+def test_evaluating_with_a_csv_that_cannot_be_written_is_refused(case, sac_run, tmp_path, capsys):
+    target = tmp_path if case == "directory" else tmp_path / "no" / "such" / "episodes.csv"
+    capsys.readouterr()
+    assert evaluate_main([str(sac_run), "--csv", str(target), "--episodes", "1"]) == 2
+    err = one_line_error(capsys)
+    assert err.startswith(f"error: --csv {target}")
+    assert ("is a directory" if case == "directory" else f"directory {target.parent} does not exist") in err
+
+
+@pytest.mark.parametrize("run, env_id, expected", [
+    ("sac", "CartPole-v1", "CartPole-v1 has Discrete(2) actions, but the saved sac agent acts with Box("),
+    ("stream", "InvertedPendulum-v5", "InvertedPendulum-v5 has Box("),
+])
+def test_evaluating_on_an_env_with_other_actions_is_refused(run, env_id, expected, sac_run, stream_run, capsys):
+    # same observation size, other action space: the env would assert (CartPole) or silently clip (stream_q)
+    capsys.readouterr()
+    assert evaluate_main([str(sac_run if run == "sac" else stream_run), "--env-id", env_id, "--episodes", "1"]) == 2
+    err = one_line_error(capsys)
+    assert expected in err and "evaluate it on the environment it was trained for" in err
+
+
+def test_filming_an_env_that_cannot_render_here_is_refused_in_one_line(stream_run, tmp_path, capsys):
+    if importlib.util.find_spec("pygame") is not None:
+        pytest.skip("pygame is installed: CartPole renders here")
+    try:
+        offscreen_gl_backend()
+    except VideoUnavailable as err:
+        pytest.skip(f"no offscreen rendering on this machine: {err}")
+    capsys.readouterr()
+    args = [str(stream_run), "--capture-video", "--episodes", "1", "--csv", str(tmp_path / "episodes.csv")]
+    assert evaluate_main(args) == 2
+    err = one_line_error(capsys)
+    assert err.startswith("error: --capture-video: CartPole-v1 cannot render here (pygame is not installed")
+    assert (tmp_path / "episodes.csv").is_file()  # the episodes were played and kept
+
+
+# ---------------------------------------------------------------------------------------------------
+# damaged dataset files
+
+
+def tiny_d4rl(rows: int = 64) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(0)
+    obs = rng.normal(size=(rows + 1, 4)).astype(np.float32)
+    return {"observations": obs[:-1], "actions": rng.uniform(-3, 3, (rows, 1)).astype(np.float32),
+            "rewards": np.ones(rows, np.float32), "next_observations": obs[1:],
+            "terminals": np.zeros(rows, np.float32), "timeouts": (np.arange(rows) % 16 == 15).astype(np.float32)}
+
+
+def damaged_file(tmp_path: Path, suffix: str, how: str) -> Path:
+    """A D4RL-layout file cut in half ("truncated"), or a file of text ("garbage")."""
+    path = tmp_path / f"data{suffix}"
+    if how == "garbage":
+        path.write_text("observations,actions\n1,2\n")
+        return path
+    if suffix == ".npz":
+        np.savez(path, **tiny_d4rl())
+    else:
+        import h5py
+
+        with h5py.File(path, "w") as file:
+            for key, value in tiny_d4rl().items():
+                file[key] = value
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+    return path
+
+
+@pytest.mark.parametrize("suffix", [".npz", ".hdf5", ".h5"])
+@pytest.mark.parametrize("how", ["truncated", "garbage"])
+def test_a_damaged_dataset_file_is_refused_in_one_line(suffix, how, tmp_path):
+    if suffix != ".npz":
+        pytest.importorskip("h5py", reason="HDF5 datasets need keelrl[offline]")
+    path = damaged_file(tmp_path, suffix, how)
+    kind = "npz" if suffix == ".npz" else "HDF5"
+    with pytest.raises(ValueError) as refused:
+        load_dataset(path)
+    message = str(refused.value)
+    assert len(message.splitlines()) == 1
+    assert message.startswith(f"{path} is damaged or not an {kind} file")
+
+
+def test_an_offline_agent_given_a_damaged_dataset_exits_2_in_one_line(tmp_path, capsys):
+    path = damaged_file(tmp_path, ".npz", "truncated")
+    args = ["--dataset", str(path), "--env-id", "InvertedPendulum-v5", "--runs-dir", str(tmp_path / "runs"),
+            "--quiet"]
+    assert run_cli(iql.train, iql.IQLConfig, args=args) == 2
+    assert one_line_error(capsys).startswith(f"error: {path} is damaged or not an npz file")
+
+
+# ---------------------------------------------------------------------------------------------------
+# the command that makes a missing dataset
+
+
+@pytest.mark.parametrize("identifier", ["keelrl/hopper-medium-v0", "keelrl/hopper-medium-quick-v0",
+                                        "keelrl/walker2d-medium-replay-v1", "keelrl/halfcheetah-expert-v0",
+                                        "keelrl/hopper-medium-replay-quick-v0", "keelrl/walker2d-medium-expert-v2",
+                                        "keelrl/hopper-random-quick-v3"])
+def test_a_missing_dataset_names_the_command_that_makes_exactly_it(identifier, tmp_path):
+    with pytest.raises(FileNotFoundError) as missing:
+        load_dataset(identifier, data_path=tmp_path)
+    message = str(missing.value)
+    assert len(message.splitlines()) == 1
+    command = message.split("Create it with: ")[1]
+    assert command.startswith(MAKE_DATASETS + " ")
+    config = tyro.cli(MakeDatasetsConfig, args=shlex.split(command[len(MAKE_DATASETS):]))
+    if config.quick:
+        config = with_quick(config)  # as make_datasets' main does
+    assert [dataset_id(config.env_id, kind, config.version, config.quick) for kind in config.datasets] == [identifier]
