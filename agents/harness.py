@@ -7,12 +7,12 @@ An agent file writes its own loop, CleanRL-style, and hands the run's plumbing t
     if run.resumed:
         run.restore(agent, action_rng)                             # a damaged checkpoint: one line naming it
     run.open(config.env_id)                                        # run directory, config.json, logs, progress
-    with run:                                                      # closes logs and progress on any exit
+    with run:                                                      # holds SIGTERM/SIGINT; closes logs on any exit
         while not run.done:
-            ...                                                    # act, step, store, update
+            ...                                                    # act, step (in run.stepping_env), store, update
             run.advance(steps)                                     # count, progress bar
             run.log(losses)                                        # losses and speed every log_freq
-            run.periodic(evaluate, checkpoint)                     # every eval_freq / checkpoint_freq, not at the end
+            run.periodic(evaluate, checkpoint)                     # by steps and minutes; on a signal: checkpoint, stop
         returns, costs = run.finish(evaluate, checkpoint, agent.save)
 
 `RunOptions` declares the options every run has once; each algorithm's config extends it with its
@@ -31,11 +31,13 @@ import csv
 import dataclasses
 import importlib
 import json
+import math
 import os
 import random
 import re
 import sys
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import ModuleType
@@ -44,6 +46,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from keelrl.agents.stopping import RunStopped, StopSignals, signal_name
 from keelrl.buffers import ReplayBuffer
 from keelrl.buffers.corruption import Policy, QFunction, attack_model_algo
 from keelrl.envs import make_vec_env
@@ -56,6 +59,8 @@ from keelrl.envs.video import VideoSource, VideoUnavailable, film_episode, offsc
 DEFAULT_THREADS = 1
 CHECKPOINT_FILE = "checkpoint.pt"
 BUFFER_FILE = "buffer.pt"
+NEXT_BUFFER_FILE = "buffer.next.pt"
+"""the replay buffer of the checkpoint being written, until that checkpoint is in place"""
 CONFIG_FILE = "config.json"
 MODEL_FILE = "model.pt"
 
@@ -249,26 +254,31 @@ class RunLogger:
     """TensorBoard scalars (CleanRL names) plus episodes.csv and eval.csv in the run directory.
 
     On resume from step S, rows and events after S (written before the interruption but not
-    covered by the checkpoint) are dropped, so the logs have no gap and no duplicate.
+    covered by the checkpoint) are dropped, so the logs have no gap and no duplicate. Resuming a run
+    whose checkpoint is its last (killed before model.pt was written) finishes it again: its final
+    evaluation, at S, is dropped too (`refinish`), since it is made again.
     """
 
     EPISODE_FIELDS = ["global_step", "return", "length", "cost"]
     EVAL_FIELDS = ["global_step", "mean_return", "std_return", "mean_cost", "episodes"]
 
-    def __init__(self, run_dir: Path, resume_step: int | None = None):
+    def __init__(self, run_dir: Path, resume_step: int | None = None, refinish: bool = False):
         from torch.utils.tensorboard import SummaryWriter
 
         self.run_dir = run_dir
-        self.writer = SummaryWriter(str(run_dir), purge_step=resume_step)
+        # TensorBoard drops the earlier events at or after purge_step: those after S, or from S on when refinishing
+        purge_step = None if resume_step is None else resume_step + (0 if refinish else 1)
+        self.writer = SummaryWriter(str(run_dir), purge_step=purge_step)
         self._episodes = self._open_csv("episodes.csv", self.EPISODE_FIELDS, resume_step)
-        self._evals = self._open_csv("eval.csv", self.EVAL_FIELDS, resume_step)
+        self._evals = self._open_csv("eval.csv", self.EVAL_FIELDS, None if purge_step is None else purge_step - 1)
 
-    def _open_csv(self, name: str, fields: list[str], resume_step: int | None):
+    def _open_csv(self, name: str, fields: list[str], last_step: int | None):
+        """The CSV rewritten with its rows up to `last_step` (a new file when None), open for more rows."""
         path = self.run_dir / name
         rows = []
-        if resume_step is not None and path.exists():
+        if last_step is not None and path.exists():
             with path.open() as f:
-                rows = [r for r in csv.DictReader(f) if int(r["global_step"]) <= resume_step]
+                rows = [r for r in csv.DictReader(f) if int(r["global_step"]) <= last_step]
         handle = path.open("w", newline="")
         writer = csv.DictWriter(handle, fieldnames=fields)
         writer.writeheader()
@@ -353,8 +363,11 @@ def run_cli(train: Callable[[Any], Any], config_cls: type, args: list[str] | Non
     except (ValueError, FileNotFoundError, FloatingPointError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print("interrupted: continue from the last checkpoint with --resume RUN_DIR", file=sys.stderr)
+    except RunStopped as stop:  # SIGTERM or Ctrl-C while training: checkpointed, and said how to resume
+        return stop.code
+    except KeyboardInterrupt:  # Ctrl-C before or after the training loop, where no checkpoint is written
+        print("interrupted outside the training loop: continue from the run's last checkpoint, if it has one, with "
+              "--resume RUN_DIR", file=sys.stderr)
         return 130
     return 0
 
@@ -408,7 +421,10 @@ class RunOptions:
     eval_episodes: int = 10
     """episodes per evaluation (deterministic policy)"""
     checkpoint_freq: int = 50_000
-    """loop steps between checkpoints (the last one is always written)"""
+    """loop steps between checkpoints (the last one is always written, and one on SIGTERM or Ctrl-C)"""
+    checkpoint_minutes: float = 10.0
+    """also checkpoint when this many minutes have passed since the last checkpoint (0: only by steps), so a
+    SIGKILL or a power cut loses at most this much work"""
     log_freq: int = 1_000
     """loop steps between loss logs"""
     threads: int = DEFAULT_THREADS
@@ -440,6 +456,9 @@ class RunOptions:
 
 WATCH_OPTIONS = ("quiet", "progress_seconds", "capture_video", "track", "wandb_project", "wandb_entity", "wandb_group")
 """How a run is watched: under --resume these come from the new command line, not the saved config."""
+RUNTIME_OPTIONS = ("threads", "device")
+"""Where a run computes, which does not change its algorithm: under --resume these come from the new command line
+too (`device` for the agents that have it)."""
 
 
 def require_positive_counts(config: Any, *names: str) -> None:
@@ -459,7 +478,7 @@ def require_non_negative(config: Any, *names: str) -> None:
 def validate_run_options(config: RunOptions, total: str) -> None:
     """Reject run option values no run can use, with the option's command-line name."""
     require_positive_counts(config, "eval_episodes", "checkpoint_freq", "log_freq", "threads", total)
-    require_non_negative(config, "eval_freq", "progress_seconds")
+    require_non_negative(config, "eval_freq", "progress_seconds", "checkpoint_minutes")
     if config.extend_to is not None:
         if config.resume is None:
             raise ValueError("--extend-to trains a saved run further: give it with --resume RUN_DIR.")
@@ -484,29 +503,67 @@ def start_wandb(config: RunOptions, algo: str, run_dir: Path) -> Any:
                       config={"algo": algo, **dataclasses.asdict(config)}, dir=str(run_dir), sync_tensorboard=True)
 
 
+UNITS = {"total_timesteps": "step", "total_updates": "update", "iterations": "iteration"}
+"""What one loop step of a run is, by the option that counts them (offline agents count updates, and have no
+training episodes)."""
+DIVERGED = "see losses/* in TensorBoard; a new run with lower learning rates may not diverge"
+"""What to do about an agent whose networks went non-finite."""
+
+
+def non_finite_entry(state: Any, path: str = "") -> str | None:
+    """The path ('networks/critic.0.weight') of the first floating-point tensor in `state` (nested dicts and
+    lists) holding a NaN or inf, or None when all are finite."""
+    if isinstance(state, torch.Tensor):
+        return path if state.is_floating_point() and not bool(torch.isfinite(state).all()) else None
+    items = state.items() if isinstance(state, dict) else enumerate(state) if isinstance(state, (list, tuple)) else ()
+    for key, value in items:
+        found = non_finite_entry(value, f"{path}/{key}" if path else str(key))
+        if found is not None:
+            return found
+    return None
+
+
+def duration(seconds: float) -> str:
+    """H:MM:SS with as many hours as it takes (never wrapping at a day): 24 h 6 min 8 s is '24:06:08'."""
+    minutes, secs = divmod(int(round(seconds)), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours:02d}:{minutes:02d}:{secs:02d}"
+
+
+def _shown(value: float) -> str:
+    """A logged figure for a progress line: '–' while nothing is known yet."""
+    return "–" if math.isnan(value) else f"{value:.1f}"
+
+
 class Run:
     """One training run: its resolved config, checkpoint, directory, logs, progress and timing.
 
     Constructing it validates the config, or under --resume loads the interrupted run's config (with
-    `keep_from_command_line` taken from this command line) and checkpoint (which must hold
-    `checkpoint_keys`), applies --extend-to, sets torch's threads and seeds python, numpy and torch.
-    `step` counts the loop's unit (environment steps, updates, iterations) from the checkpoint on.
+    `keep_from_command_line`, the watch and the runtime options taken from this command line) and checkpoint
+    (which must hold `checkpoint_keys`), applies --extend-to, sets torch's threads and seeds python, numpy and
+    torch. `step` counts the loop's unit (environment steps, updates, iterations) from the checkpoint on.
+    Inside `with run:`, SIGTERM and SIGINT stop the run at the next `periodic` with a checkpoint (agents/stopping.py).
     """
 
     def __init__(self, config: RunOptions, algo: str, validate: Callable[[Any], None], total: str,
                  keep_from_command_line: tuple[str, ...] = (),
                  checkpoint_keys: tuple[str, ...] = ("global_step", "agent", "rng")):
+        runtime = tuple(name for name in RUNTIME_OPTIONS if hasattr(config, name))
         config, self.dir, self.checkpoint = start_or_resume(
-            config, algo, validate, (*WATCH_OPTIONS, "extend_to", *keep_from_command_line), checkpoint_keys)
+            config, algo, validate, (*WATCH_OPTIONS, *runtime, "extend_to", *keep_from_command_line), checkpoint_keys)
         if config.extend_to is not None:  # the new end is saved, so a later plain --resume continues to it
             config = dataclasses.replace(config, **{total: config.extend_to}, extend_to=None)
             save_config(self.dir, algo, config)
         self.config, self.algo, self.total = config, algo, getattr(config, total)
+        self.unit = UNITS[total]
         self.step = 0 if self.checkpoint is None else int(self.checkpoint["global_step"])
         if self.done and (self.dir / MODEL_FILE).is_file():  # (a run stopped before model.pt is finished again)
             raise ValueError(f"--resume {self.dir}: the run is finished ({self.step} of its {self.total} "
                              f"--{total.replace('_', '-')}); train it on with --resume {self.dir} --extend-to N.")
         self.start_step = self.step
+        self._checkpoint_step = self.step if self.resumed else None  # of the checkpoint on disk
+        self._checkpoint_time = float("nan")  # when the last checkpoint was written (from `open` on)
+        self._stop_signals = StopSignals()
         self.logger: RunLogger | None = None
         self._bar = None
         self._last_advance = 1
@@ -515,7 +572,8 @@ class Run:
         self._update_start: tuple[float, int] | None = None
         self.recent_return = float("nan")
         self.recent_evaluation = float("nan")
-        self._plain_progress = not config.quiet and not sys.stdout.isatty()
+        # plain lines wherever the bar (on stderr) does not reach a terminal beside stdout
+        self._plain_progress = not config.quiet and not (sys.stdout.isatty() and sys.stderr.isatty())
         self._last_line = (float("-inf"), 0)  # (time, step) of the last plain progress line
         self._video: VideoSource | None = None
         self._wandb = None
@@ -548,19 +606,34 @@ class Run:
                 (self.dir / file_name).write_text(text)
         if self.config.track:
             self._wandb = start_wandb(self.config, self.algo, self.dir)  # before the TensorBoard writer it follows
-        self.logger = RunLogger(self.dir, resume_step=self.step if self.resumed else None)
+        if self.resumed and self.done:  # killed after its last checkpoint, before model.pt: finished again
+            self.logger = RunLogger(self.dir, resume_step=self.step, refinish=True)
+        else:
+            self.logger = RunLogger(self.dir, resume_step=self.step if self.resumed else None)
         self._bar = progress_bar(self.total, self.step, self.config.quiet)
-        self._start_time = time.perf_counter()
+        self._start_time = self._checkpoint_time = time.perf_counter()
 
     @contextlib.contextmanager
-    def stepping_env(self, steps: int = 1) -> Iterator[None]:
-        """Around an environment step that checks its output: a FloatingPointError (non-finite reward or
-        observation) says at which global step training stopped and that the last checkpoint is kept."""
+    def stepping_env(self, actions: np.ndarray, steps: int = 1) -> Iterator[None]:
+        """Around an environment step of `steps` loop steps: `actions` that are not finite stop the run before the
+        environment sees them (the agent diverged), and a FloatingPointError from the environment (a non-finite
+        reward or observation) says at which step training stopped; both say which checkpoint is kept."""
+        if not np.isfinite(actions).all():
+            raise FloatingPointError(f"The agent's actions are not finite (NaN or inf) at {self.unit} "
+                                     f"{self.step + steps}: its networks diverged, not the environment. "
+                                     + self._training_stopped(DIVERGED))
         try:
             yield
         except FloatingPointError as err:
-            raise FloatingPointError(f"{err} (global step {self.step + steps}). Training stopped; the last checkpoint "
-                                     f"in {self.dir} is kept (fix the environment, then --resume {self.dir}).") from None
+            raise FloatingPointError(f"{err} (global step {self.step + steps}). "
+                                     + self._training_stopped("fix the environment")) from None
+
+    def _training_stopped(self, advice: str) -> str:
+        """What a run stopped by a non-finite value keeps, and what to do."""
+        if self._checkpoint_step is None:
+            return f"Training stopped before its first checkpoint ({advice})."
+        return (f"Training stopped; the checkpoint of {self.unit} {self._checkpoint_step} in {self.dir} is kept "
+                f"({advice}; --resume {self.dir} continues from it).")
 
     def restoring(self, file_name: str = CHECKPOINT_FILE):
         """Context for restoring state from a file of the run directory: a damaged or foreign file raises one
@@ -568,12 +641,14 @@ class Run:
         return restoring(self.dir / file_name)
 
     def __enter__(self) -> Run:
+        self._stop_signals.__enter__()
         return self
 
     def __exit__(self, *exc_info) -> None:
         self.close()
 
     def close(self) -> None:
+        self._stop_signals.__exit__()
         if self._bar is not None:
             self._bar.close()
         if self.logger is not None:
@@ -626,19 +701,27 @@ class Run:
 
     def _print_progress(self) -> None:
         """One plain line (for logs, where the progress bar shows nothing): steps, speed since the last line,
-        latest training return and evaluation, time left at that speed."""
+        the latest training return (not for offline agents, which have no training episodes) and evaluation
+        ("–" until there is one), time left at that speed."""
         now, (last_time, last_step) = time.perf_counter(), self._last_line
         sps = self.speed() if last_time == float("-inf") else (self.step - last_step) / max(now - last_time, 1e-9)
         self._last_line = (now, self.step)
-        left = (self.total - self.step) / sps if sps > 0 else float("inf")
-        eta = "?" if left == float("inf") else time.strftime("%H:%M:%S", time.gmtime(left))
-        print(f"[{self.algo}] step {self.step}/{self.total} ({100 * self.step / self.total:.0f}%) | {sps:.1f} steps/s"
-              f" | last return {self.recent_return:.1f} | last evaluation {self.recent_evaluation:.1f} | ETA {eta}",
-              flush=True)
+        fields = [f"[{self.algo}] {self.unit} {self.step}/{self.total} ({100 * self.step / self.total:.0f}%)",
+                  f"{sps:.1f} {self.unit}s/s"]
+        if self.unit != "update":
+            fields.append(f"last return {_shown(self.recent_return)}")
+        fields.append(f"last evaluation {_shown(self.recent_evaluation)}")
+        fields.append(f"ETA {duration((self.total - self.step) / sps) if sps > 0 else '?'}")
+        print(" | ".join(fields), flush=True)
 
     def log(self, losses: dict[str, Any]) -> None:
-        """Every `log_freq` loop steps: the latest losses and the speed (charts/SPS)."""
+        """Every `log_freq` loop steps: the latest losses and the speed (charts/SPS). A loss that is not finite
+        stops the run (FloatingPointError): the agent diverged."""
         if self.due(self.config.log_freq):
+            for name, value in losses.items():
+                if name.startswith("losses/") and not math.isfinite(float(value)):
+                    raise FloatingPointError(f"{name} is {float(value)} at {self.unit} {self.step}: the agent "
+                                             f"diverged. " + self._training_stopped(DIVERGED))
             sps = self.speed()
             self.logger.scalars({**losses, "charts/SPS": sps}, self.step)
             shown = {} if np.isnan(self.recent_return) else {"ret": f"{self.recent_return:.1f}"}  # none offline
@@ -677,36 +760,71 @@ class Run:
         if scalars:
             self.logger.scalars(scalars, self.step)
 
-    def restore_replay(self, buffer: ReplayBuffer) -> None:
-        """The replay buffer saved with the checkpoint (one line naming the file if it is missing or damaged);
-        the envs restart, so the interrupted episodes end where the checkpoint cut them."""
-        if not (self.dir / BUFFER_FILE).is_file():
-            raise FileNotFoundError(f"--resume {self.dir}: {BUFFER_FILE} is missing (it is written with every "
-                                    f"checkpoint); the run cannot continue without its replay buffer.")
-        with self.restoring(BUFFER_FILE):
-            buffer.load(self.dir / BUFFER_FILE)
-        buffer.end_episodes()
-
-    def save_replay(self, buffer: ReplayBuffer) -> None:
-        """The replay buffer, beside the checkpoint (write it with every checkpoint)."""
-        buffer.save(self.dir / BUFFER_FILE)
-
-    def save_checkpoint(self, agent: Any, numpy_rng: np.random.Generator, **state: Any) -> None:
+    def save_checkpoint(self, agent: Any, numpy_rng: np.random.Generator, replay: ReplayBuffer | None = None,
+                        **state: Any) -> None:
         """checkpoint.pt (atomically): the algorithm, the step, `agent.training_state()`, the random states (python,
-        `numpy_rng`, torch) and any other `state` (tensors and plain values)."""
-        save_checkpoint(self.dir / CHECKPOINT_FILE, {"algo": self.algo, "global_step": self.step,
-                                                     "agent": agent.training_state(), "rng": rng_state(numpy_rng),
-                                                     **state})
+        `numpy_rng`, torch) and any other `state` (tensors and plain values); with `replay`, the replay buffer
+        as buffer.pt beside it.
 
-    def restore(self, agent: Any, numpy_rng: np.random.Generator) -> None:
-        """What `save_checkpoint` saved of `agent` and the random states, from the resumed run's checkpoint."""
+        The two are one pair, stamped alike: the buffer is written to buffer.next.pt, then the checkpoint with
+        the stamp replaces checkpoint.pt, then the buffer replaces buffer.pt, so a kill at any moment leaves a
+        checkpoint whose buffer is on disk. Weights or optimiser state that are not finite are not saved (the
+        agent diverged: FloatingPointError), so the checkpoint on disk stays the last good one."""
+        training_state = agent.training_state()
+        bad = non_finite_entry(training_state)
+        if bad is not None:
+            raise FloatingPointError(f"The agent's {bad} is not finite (NaN or inf) at {self.unit} {self.step}: its "
+                                     f"networks diverged, so this state is not saved. "
+                                     + self._training_stopped(DIVERGED))
+        stamp = {"global_step": self.step, "id": uuid.uuid4().hex}
+        if replay is not None:
+            save_checkpoint(self.dir / NEXT_BUFFER_FILE, {**replay.state_dict(), "stamp": stamp})
+        save_checkpoint(self.dir / CHECKPOINT_FILE, {"algo": self.algo, "global_step": self.step, "stamp": stamp,
+                                                     "agent": training_state, "rng": rng_state(numpy_rng), **state})
+        if replay is not None:
+            os.replace(self.dir / NEXT_BUFFER_FILE, self.dir / BUFFER_FILE)
+        self._checkpoint_step, self._checkpoint_time = self.step, time.perf_counter()
+
+    def restore(self, agent: Any, numpy_rng: np.random.Generator, replay: ReplayBuffer | None = None) -> None:
+        """What `save_checkpoint` saved of `agent`, the random states (and the replay buffer), from the resumed
+        run's checkpoint. The envs restart, so the interrupted episodes end where the checkpoint cut them."""
         with self.restoring():
             agent.load_training_state(self.checkpoint["agent"])
             restore_rng_state(self.checkpoint["rng"], numpy_rng)
+        if replay is not None:
+            self._restore_replay(replay)
+            replay.end_episodes()
+
+    def _restore_replay(self, buffer: ReplayBuffer) -> None:
+        """Load the buffer saved with the checkpoint: buffer.pt, or buffer.next.pt when the save that wrote the
+        checkpoint was cut before its last rename (which is finished here). A buffer with another stamp is
+        refused in one line: it was not written with this checkpoint."""
+        stamp, found = self.checkpoint.get("stamp"), {}
+        for name in (BUFFER_FILE, NEXT_BUFFER_FILE):
+            if not (self.dir / name).is_file():
+                continue
+            with self.restoring(name):
+                state = torch.load(self.dir / name, map_location="cpu", weights_only=True)
+                found[name] = state.get("stamp")
+                if found[name] == stamp:
+                    buffer.load_state_dict(state)
+            if found[name] == stamp:
+                if name == NEXT_BUFFER_FILE:
+                    os.replace(self.dir / NEXT_BUFFER_FILE, self.dir / BUFFER_FILE)
+                return
+        if not found:
+            raise FileNotFoundError(f"--resume {self.dir}: {BUFFER_FILE} is missing (it is written with every "
+                                    f"checkpoint); the run cannot continue without its replay buffer.")
+        saved_at = (found.get(BUFFER_FILE) or {}).get("global_step", "an unknown step")
+        raise ValueError(f"--resume {self.dir}: {BUFFER_FILE} (saved at {self.unit} {saved_at}) was not written with "
+                         f"{CHECKPOINT_FILE} (saved at {self.unit} {self.step}); the run cannot go on with a replay "
+                         f"buffer that does not match its checkpoint: put back the pair saved together, or start a new "
+                         f"run.")
 
     def periodic(self, evaluate: Callable[[], Any], checkpoint: Callable[[], None]) -> None:
-        """Between loop steps: evaluate every `eval_freq` and checkpoint every `checkpoint_freq` steps, except
-        after the last step (`finish` does both there)."""
+        """Between loop steps: evaluate every `eval_freq` steps; checkpoint every `checkpoint_freq` steps and when
+        `checkpoint_minutes` have passed since the last checkpoint; after a stop signal, checkpoint and stop
+        (`RunStopped`: exit code 128 + the signal number). Not after the last step (`finish` is there)."""
         if self.done:
             return
         tick = time.perf_counter()
@@ -714,19 +832,33 @@ class Run:
             evaluate()
             if self._video is not None:
                 self._film()
-        if self.due(self.config.checkpoint_freq):
+        stopping = self._stop_signals.received is not None
+        if self.due(self.config.checkpoint_freq) or self._checkpoint_overdue() or stopping:
             checkpoint()
         self._busy += time.perf_counter() - tick
+        if stopping:
+            print(f"{signal_name(self._stop_signals.received)}: stopped at {self.unit} {self.step} of {self.total} "
+                  f"with a checkpoint; continue with: python -m keelrl.agents.{self.algo} --resume {self.dir}",
+                  file=sys.stderr, flush=True)
+            raise RunStopped(self._stop_signals.received)
+
+    def _checkpoint_overdue(self) -> bool:
+        minutes = self.config.checkpoint_minutes
+        return minutes > 0 and time.perf_counter() - self._checkpoint_time >= 60 * minutes
 
     def finish(self, evaluate: Callable[[], Any], checkpoint: Callable[[], None],
                save_model: Callable[[Path], None]) -> Any:
-        """After the loop: the final evaluation (its result is returned), the last checkpoint and model.pt."""
+        """After the loop: the final evaluation (its result is returned), the last checkpoint and model.pt. A stop
+        signal that comes meanwhile lets the run finish."""
         self._loop_end = time.perf_counter()
         result = evaluate()
         if self._video is not None:
             self._film()
         checkpoint()
         save_model(self.dir / MODEL_FILE)
+        if self._stop_signals.received is not None:
+            print(f"{signal_name(self._stop_signals.received)} came after the last {self.unit}: the run finished "
+                  f"first.", file=sys.stderr, flush=True)
         return result
 
     def loop_speed(self) -> float:

@@ -230,32 +230,38 @@ class RIQL(nn.Module):
         return q_all.min(dim=0).values
 
     def update(self, batch: Batch) -> dict[str, torch.Tensor]:
-        """One update on a batch of raw transitions: V, then Q, then the target critics, then the actor."""
+        """One update on a batch of raw transitions: the V, Q and actor losses from the networks as they are
+        before the update (none depends on another's step), then the steps of V, Q, the target critics and
+        the actor (CORL's order)."""
         if self.config.normalize_obs:
             batch = batch._replace(obs=self.obs_norm(batch.obs), next_obs=self.obs_norm(batch.next_obs))
-        with matmul_precision(self.config.precision, self.config.device):
-            with torch.no_grad():  # both from the networks as they are before this update
+        with matmul_precision(self.config.precision, self.config.device):  # forward passes only, no optimiser step
+            with torch.no_grad():
                 target_q = self.combine_targets(self.critic_target(batch.obs, batch.actions)[..., 0])  # (E, B) -> (B,)
                 next_v = self.value(batch.next_obs).float()[:, 0]  # (B, 1) -> (B,)
-            value_loss, advantage = self.update_value(batch.obs, target_q)
-            q_loss, q = self.update_critic(batch, next_v)
-            soft_update(self.polyak_target, self.polyak_online, self.config.tau)
-            actor_loss = self.update_actor(batch, advantage)
+            value_loss, advantage = self.value_loss(batch.obs, target_q)
+            q_loss, q = self.critic_loss(batch, next_v)
+            actor_loss = self.actor_loss(batch, advantage)
+        optimizer_step(self.optimizers["value"], value_loss, self.value)
+        optimizer_step(self.optimizers["critic"], q_loss, self.critic)
+        soft_update(self.polyak_target, self.polyak_online, self.config.tau)
+        scale_learning_rates([self.optimizers["actor"]], cosine_factor(self.num_updates, self.config.total_updates))
+        optimizer_step(self.optimizers["actor"], actor_loss, self.actor)
         self.num_updates += 1
-        return {"losses/qf_loss": q_loss, "losses/vf_loss": value_loss, "losses/actor_loss": actor_loss,
-                "losses/qf_values": q.mean(), "losses/advantage": advantage.mean()}
+        return {"losses/qf_loss": q_loss.detach(), "losses/vf_loss": value_loss.detach(),
+                "losses/actor_loss": actor_loss.detach(), "losses/qf_values": q.mean(),
+                "losses/advantage": advantage.mean()}
 
-    def update_value(self, obs: torch.Tensor, target_q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """V's step: expectile regression onto the target Q of dataset actions; the loss and the advantages
-        Q − V (B,), detached."""
+    def value_loss(self, obs: torch.Tensor, target_q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """V's loss: expectile regression onto the target Q of dataset actions; and the advantages Q − V (B,),
+        detached."""
         advantage = target_q - self.value(obs).float()[:, 0]
         value_loss = (torch.abs(self.config.expectile - (advantage < 0).float()) * advantage.pow(2)).mean()
-        optimizer_step(self.optimizers["value"], value_loss, self.value)
-        return value_loss.detach(), advantage.detach()
+        return value_loss, advantage.detach()
 
-    def update_critic(self, batch: Batch, next_v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Q's step: one-step TD onto r + γ(1 − terminated) V(s'), no maximisation over actions; the loss
-        and the critics' Q-values (E, B), detached."""
+    def critic_loss(self, batch: Batch, next_v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Q's loss: one-step TD onto r + γ(1 − terminated) V(s'), no maximisation over actions; and the
+        critics' Q-values (E, B), detached."""
         config = self.config
         target = batch.rewards + batch.discounts * (1.0 - batch.terminated) * next_v
         if config.target_clip is not None:  # RIQL: targets clipped into [−100, 1000]
@@ -266,21 +272,18 @@ class RIQL(nn.Module):
             q_loss = F.smooth_l1_loss(q, target, beta=1.0 / config.huber_sigma**2)
         else:
             q_loss = F.mse_loss(q, target)
-        optimizer_step(self.optimizers["critic"], q_loss, self.critic)
-        return q_loss.detach(), q.detach()
+        return q_loss, q.detach()
 
-    def update_actor(self, batch: Batch, advantage: torch.Tensor) -> torch.Tensor:
-        """The actor's step: advantage-weighted regression onto dataset actions, its learning rate on a cosine."""
+    def actor_loss(self, batch: Batch, advantage: torch.Tensor) -> torch.Tensor:
+        """The actor's loss: advantage-weighted regression onto dataset actions (its learning rate follows a
+        cosine, see `update`)."""
         config = self.config
         weights = torch.exp(config.beta * advantage).clamp(max=config.exp_adv_max)
         if config.deterministic_actor:
             regression = (self.actor(batch.obs) - batch.actions).pow(2).sum(-1)
         else:
             regression = -self.actor.log_prob(batch.obs, batch.actions)
-        actor_loss = (weights * regression).mean()
-        scale_learning_rates([self.optimizers["actor"]], cosine_factor(self.num_updates, config.total_updates))
-        optimizer_step(self.optimizers["actor"], actor_loss, self.actor)
-        return actor_loss.detach()
+        return (weights * regression).mean()
 
     def training_state(self) -> dict:
         """Networks, optimisers and the update counter: everything to continue training."""

@@ -52,10 +52,9 @@ from keelrl.networks import (
     build_head,
     check_device,
     check_precision,
-    compiled,
     frozen,
+    loss_function,
     make_optimizer,
-    matmul_precision,
     optimizer_step,
     pack_training_state,
     scale_learning_rates,
@@ -230,8 +229,10 @@ class SAC(nn.Module):
             self.optimizers["alpha"] = make_optimizer([self.log_alpha], config.optimizer, config.q_lr)
         self.num_updates = 0
         self.total_updates = max(1, (config.total_timesteps - config.learning_starts) * config.utd)
-        self._critic_loss = compiled(self.critic_loss, config.compile, config.cudagraphs)
-        self._actor_loss = compiled(self.actor_loss, config.compile, config.cudagraphs)
+        self._critic_loss = loss_function(self.critic_loss, config.precision, config.device, config.compile,
+                                          config.cudagraphs)
+        self._actor_loss = loss_function(self.actor_loss, config.precision, config.device, config.compile,
+                                         config.cudagraphs)
 
     @property
     def alpha(self) -> torch.Tensor:
@@ -254,8 +255,7 @@ class SAC(nn.Module):
             progress = min(1.0, self.num_updates / self.total_updates)
             scale_learning_rates(self.optimizers.values(), 1.0 - (1.0 - self.config.final_lr_fraction) * progress)
         self.num_updates += 1
-        with matmul_precision(self.config.precision, self.config.device):
-            return self.learn(batch)
+        return self.learn(batch)
 
     def learn(self, batch: Batch) -> dict[str, torch.Tensor]:
         """One critic step, `policy_frequency` actor/α steps every `policy_frequency` updates, the target update."""
@@ -348,8 +348,7 @@ def train(config: SACConfig) -> TrainResult:
                           config.gamma, seed=config.seed)
     action_rng = np.random.default_rng(config.seed)
     if run.resumed:
-        run.restore(agent, action_rng)
-        run.restore_replay(buffer)  # the interrupted episodes end where the checkpoint cut them
+        run.restore(agent, action_rng, replay=buffer)  # the interrupted episodes end where the checkpoint cut them
         if agent.reward_scaler is not None:
             agent.reward_scaler.reset_returns()
 
@@ -358,8 +357,7 @@ def train(config: SACConfig) -> TrainResult:
                                             config.seed + 10_000))
 
     def write_checkpoint() -> None:
-        run.save_replay(buffer)
-        run.save_checkpoint(agent, action_rng)
+        run.save_checkpoint(agent, action_rng, replay=buffer)
 
     def run_evaluation() -> tuple[np.ndarray, np.ndarray]:
         returns, costs = evaluate(agent, config.env_id, config.eval_episodes, config.seed + 10_000)
@@ -377,7 +375,7 @@ def train(config: SACConfig) -> TrainResult:
                     actions = action_rng.uniform(low, high, (config.num_envs, *low.shape)).astype(np.float32)
                 else:
                     actions = agent.act(obs)
-                with run.stepping_env(config.num_envs):
+                with run.stepping_env(actions, config.num_envs):
                     next_obs, rewards, terminated, truncated, info = env.step(actions)
                 buffer.add(obs, actions, rewards, info["final_obs"], terminated, truncated)
                 if agent.reward_scaler is not None:

@@ -30,7 +30,7 @@ from keelrl.agents.sac import validate as validate_sac
 from keelrl.buffers import Batch, ReplayBuffer
 from keelrl.envs import make_vec_env, require_box_actions
 from keelrl.envs.video import gym_video
-from keelrl.networks import build_critic, compiled, frozen, make_optimizer, optimizer_step, soft_update
+from keelrl.networks import build_critic, frozen, loss_function, make_optimizer, optimizer_step, soft_update
 
 ALGO = "sac_lag"
 __all__ = ["SACLag", "SACLagConfig", "train", "evaluate"]
@@ -63,7 +63,8 @@ class SACLag(SAC):
         self.lagrange = build_multiplier(config)
         self.optimizers["cost_critic"] = make_optimizer(list(self.cost_critic.parameters()), config.optimizer,
                                                         config.q_lr, config.weight_decay)
-        self._cost_critic_loss = compiled(self.cost_critic_loss, config.compile, config.cudagraphs)
+        self._cost_critic_loss = loss_function(self.cost_critic_loss, config.precision, config.device,
+                                               config.compile, config.cudagraphs)
 
     @property
     def lagrange_multiplier(self) -> torch.Tensor:
@@ -78,9 +79,7 @@ class SACLag(SAC):
     def learn(self, batch: Batch) -> dict[str, torch.Tensor]:
         """SAC's update (with the Lagrangian actor loss below), then one cost critic step on a' ~ π(·|s')."""
         losses = super().learn(batch)
-        with torch.no_grad():
-            next_actions, _ = self.actor.sample(batch.next_obs)
-        losses.update(self.cost_critic_step(batch, next_actions))
+        losses.update(self.cost_critic_step(batch))
         return losses
 
     def actor_loss(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -94,18 +93,19 @@ class SACLag(SAC):
         with frozen(self.cost_critic):  # the actor loss needs gradients w.r.t. actions only
             return super().update_actor_and_alpha(obs)
 
-    def cost_critic_loss(self, batch: Batch, next_actions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Every cost critic's squared error against c + γ(1 − terminated) Q_c,target(s', a'), summed, and the
-        cost critics' outputs (E, B)."""
+    def cost_critic_loss(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
+        """Every cost critic's squared error against c + γ(1 − terminated) Q_c,target(s', a'), a' ~ π(·|s'),
+        summed, and the cost critics' outputs (E, B)."""
         with torch.no_grad():
+            next_actions, _ = self.actor.sample(batch.next_obs)  # the actor after this update's actor step
             next_cost_q = self.cost_critic_target(batch.next_obs, next_actions).squeeze(-1).mean(dim=0)  # (B,)
             target = batch.costs + batch.discounts * (1.0 - batch.terminated) * next_cost_q
         cost_q = self.cost_critic(batch.obs, batch.actions).squeeze(-1)  # (E, B, 1) -> (E, B)
         return (cost_q - target).pow(2).mean(dim=1).sum(), cost_q.detach()
 
-    def cost_critic_step(self, batch: Batch, next_actions: torch.Tensor) -> dict[str, torch.Tensor]:
+    def cost_critic_step(self, batch: Batch) -> dict[str, torch.Tensor]:
         """One optimiser step of the cost critics, then their targets follow by Polyak averaging."""
-        cost_loss, cost_q = self._cost_critic_loss(batch, next_actions)
+        cost_loss, cost_q = self._cost_critic_loss(batch)
         optimizer_step(self.optimizers["cost_critic"], cost_loss, self.cost_critic)
         soft_update(self.cost_polyak_target, self.cost_polyak_online, self.config.tau)
         return {"losses/cost_qf_loss": cost_loss.detach() / cost_q.shape[0], "losses/cost_qf_values": cost_q.mean(),
@@ -128,8 +128,7 @@ def train(config: SACLagConfig) -> TrainResult:
                           config.gamma, store_cost=True, seed=config.seed)
     action_rng = np.random.default_rng(config.seed)
     if run.resumed:
-        run.restore(agent, action_rng)
-        run.restore_replay(buffer)  # the interrupted episodes end where the checkpoint cut them
+        run.restore(agent, action_rng, replay=buffer)  # the interrupted episodes end where the checkpoint cut them
         if agent.reward_scaler is not None:
             agent.reward_scaler.reset_returns()
 
@@ -138,8 +137,7 @@ def train(config: SACLagConfig) -> TrainResult:
                                             config.seed + 10_000))
 
     def write_checkpoint() -> None:
-        run.save_replay(buffer)
-        run.save_checkpoint(agent, action_rng)
+        run.save_checkpoint(agent, action_rng, replay=buffer)
 
     def run_evaluation() -> tuple[np.ndarray, np.ndarray]:
         returns, costs = evaluate(agent, config.env_id, config.eval_episodes, config.seed + 10_000)
@@ -157,7 +155,7 @@ def train(config: SACLagConfig) -> TrainResult:
                     actions = action_rng.uniform(low, high, (config.num_envs, *low.shape)).astype(np.float32)
                 else:
                     actions = agent.act(obs)
-                with run.stepping_env(config.num_envs):
+                with run.stepping_env(actions, config.num_envs):
                     next_obs, rewards, terminated, truncated, info = env.step(actions)
                 buffer.add(obs, actions, rewards, info["final_obs"], terminated, truncated, info["cost"])
                 if agent.reward_scaler is not None:

@@ -263,7 +263,7 @@ def train(config: StreamACConfig) -> TrainResult:
             run.updates_began()  # every loop step updates
             while not run.done:
                 action = agent.act(obs)
-                with run.stepping_env():  # a NaN or inf from the env stops the run here
+                with run.stepping_env(action):  # a NaN or inf from the agent or the env stops the run here
                     next_obs, reward, terminated, truncated, info = env.step(action)
                 episode_end = terminated or truncated
                 losses = agent.update(Transition(obs, action, float(reward), next_obs, terminated, episode_end))

@@ -54,10 +54,9 @@ from keelrl.networks import (
     build_head,
     check_device,
     check_precision,
-    compiled,
     frozen,
+    loss_function,
     make_optimizer,
-    matmul_precision,
     optimizer_step,
     pack_training_state,
     scale_learning_rates,
@@ -204,8 +203,10 @@ class TD3(nn.Module):
         }
         self.num_updates = 0
         self.total_updates = max(1, (config.total_timesteps - config.learning_starts) * config.utd)
-        self._critic_loss = compiled(self.critic_loss, config.compile, config.cudagraphs)
-        self._actor_loss = compiled(self.actor_loss, config.compile, config.cudagraphs)
+        self._critic_loss = loss_function(self.critic_loss, config.precision, config.device, config.compile,
+                                          config.cudagraphs)
+        self._actor_loss = loss_function(self.actor_loss, config.precision, config.device, config.compile,
+                                         config.cudagraphs)
 
     @torch.inference_mode()
     def act(self, obs: np.ndarray, deterministic: bool = False) -> np.ndarray:
@@ -229,8 +230,7 @@ class TD3(nn.Module):
             progress = min(1.0, self.num_updates / self.total_updates)
             scale_learning_rates(self.optimizers.values(), 1.0 - (1.0 - self.config.final_lr_fraction) * progress)
         self.num_updates += 1
-        with matmul_precision(self.config.precision, self.config.device):
-            return self.learn(batch)
+        return self.learn(batch)
 
     def learn(self, batch: Batch) -> dict[str, torch.Tensor]:
         """One critic step; every `policy_frequency` updates, one actor step, then the target actor and critics
@@ -328,8 +328,7 @@ def train(config: TD3Config) -> TrainResult:
                           config.gamma, seed=config.seed)
     action_rng = np.random.default_rng(config.seed)
     if run.resumed:
-        run.restore(agent, action_rng)
-        run.restore_replay(buffer)  # the interrupted episodes end where the checkpoint cut them
+        run.restore(agent, action_rng, replay=buffer)  # the interrupted episodes end where the checkpoint cut them
         if agent.reward_scaler is not None:
             agent.reward_scaler.reset_returns()
 
@@ -338,8 +337,7 @@ def train(config: TD3Config) -> TrainResult:
                                             config.seed + 10_000))
 
     def write_checkpoint() -> None:
-        run.save_replay(buffer)
-        run.save_checkpoint(agent, action_rng)
+        run.save_checkpoint(agent, action_rng, replay=buffer)
 
     def run_evaluation() -> tuple[np.ndarray, np.ndarray]:
         returns, costs = evaluate(agent, config.env_id, config.eval_episodes, config.seed + 10_000)
@@ -357,7 +355,7 @@ def train(config: TD3Config) -> TrainResult:
                     actions = action_rng.uniform(low, high, (config.num_envs, *low.shape)).astype(np.float32)
                 else:
                     actions = agent.act(obs)
-                with run.stepping_env(config.num_envs):
+                with run.stepping_env(actions, config.num_envs):
                     next_obs, rewards, terminated, truncated, info = env.step(actions)
                 buffer.add(obs, actions, rewards, info["final_obs"], terminated, truncated)
                 if agent.reward_scaler is not None:

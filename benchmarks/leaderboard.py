@@ -61,6 +61,7 @@ from typing import Annotated, Any
 import tyro
 
 from keelrl.agents.harness import RunOptions, agent_module
+from keelrl.agents.stopping import STOPPED_CODES, signal_name
 from keelrl.benchmarks.aggregate import CONFIG_FILE, RunResult, read_run_figures
 
 try:
@@ -464,6 +465,8 @@ def run_grids(
         cell.add_attempt(mode, {**outcome, "leaderboard": invocation})
         finished += 1
         status = ("done" if cell.state()[0] == "done"
+                  else f"stopped by {signal_name(outcome['returncode'] - 128)} with a checkpoint (the same command "
+                       f"resumes it)" if outcome["returncode"] in STOPPED_CODES
                   else f"FAILED (exit {outcome['returncode']}, see {cell.cell_dir / LOG_FILE})")
         log(f"[{finished}/{len(jobs)}] {cell.agent.name} {cell.task.id} seed {cell.seed}: {status}, "
             f"{outcome['wall_s'] / 60:.1f} min")

@@ -44,6 +44,7 @@ import torch
 from keelrl.agents.harness import CHECKPOINT_FILE, evaluate_policy, progress_bar
 from keelrl.agents.sac import SAC, SACConfig
 from keelrl.agents.sac import train as train_sac
+from keelrl.agents.stopping import RunStopped
 from keelrl.buffers.offline import (
     D4RL_REF_SCORES,
     default_data_path,
@@ -381,6 +382,9 @@ def main(args: list[str] | None = None) -> int:
     except (ValueError, FileNotFoundError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
+    except RunStopped as stop:  # SIGTERM or Ctrl-C while SAC trained: its checkpoint is written
+        print("make_datasets stopped: run the same command again to continue where it stopped", file=sys.stderr)
+        return stop.code
     return 0
 
 

@@ -4,6 +4,7 @@ freezing a network for a step."""
 from __future__ import annotations
 
 import contextlib
+import functools
 import shutil
 import warnings
 from collections.abc import Callable, Iterator
@@ -46,12 +47,27 @@ def soft_update(target: list[torch.Tensor], online: list[torch.Tensor], tau: flo
     torch._foreach_lerp_(target, online, tau)
 
 
-def compiled(loss_fn: Callable, compile: bool, cudagraphs: bool) -> Callable:
-    """`loss_fn` through torch.compile when asked (replayed as CUDA graphs with `cudagraphs`), else itself. Only
-    loss computations are compiled (forward, and with it the backward graph); the optimiser steps run eagerly."""
+def loss_function(loss_fn: Callable, precision: str, device: str, compile: bool = False,
+                  cudagraphs: bool = False) -> Callable:
+    """`loss_fn` as an update calls it: under `precision` in an autocast region of its own (`matmul_precision`),
+    so each call casts the weights as they are at that moment and the backward pass and optimiser step that
+    follow run outside autocast, and through torch.compile when asked (replayed as CUDA graphs with
+    `cudagraphs`). Only loss computations are compiled (forward, and with it the backward graph); the
+    optimiser steps run eagerly. With fp32 and no compilation it is `loss_fn` itself."""
+    if precision != "fp32":
+        loss_fn = _under_precision(loss_fn, precision, device)
     if not (compile or cudagraphs):
         return loss_fn
     return torch.compile(loss_fn, mode="reduce-overhead" if cudagraphs else None)
+
+
+def _under_precision(loss_fn: Callable, precision: str, device: str) -> Callable:
+    @functools.wraps(loss_fn)
+    def loss_under_precision(*args):
+        with matmul_precision(precision, device):
+            return loss_fn(*args)
+
+    return loss_under_precision
 
 
 def check_device(device: str, compile: bool, cudagraphs: bool) -> None:
@@ -124,8 +140,10 @@ def check_precision(precision: str, device: str) -> None:
 def matmul_precision(precision: str, device: str) -> contextlib.AbstractContextManager:
     """Inside it, matrix products (linear, matmul, bmm, baddbmm) run in bfloat16 under `torch.autocast` when
     `precision` is "bf16"; with "fp32" nothing changes. keelrl's networks cast what they return to float32, so
-    losses, TD targets, log-probabilities, entropies, α/λ and the optimiser steps stay float32, and weights and
-    optimiser state are float32 throughout."""
+    losses, TD targets, log-probabilities, entropies and α/λ stay float32, and weights and optimiser state are
+    float32 throughout. Open it around forward passes only, never around an optimiser step: autocast keeps the
+    bfloat16 copies of the weights it cast until its region closes, so a forward pass after a step inside the
+    same region would use the weights from before that step."""
     if precision == "fp32":
         return contextlib.nullcontext()
     return torch.autocast(torch.device(device).type, dtype=torch.bfloat16)

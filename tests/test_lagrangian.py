@@ -208,7 +208,7 @@ def test_cost_critic_loss_falls_on_a_fixed_batch(agent_cls, config_cls, cost_bat
     assert target_moved  # the target follows by Polyak averaging, not by copying
     # one more cost step by hand: θ_c' ← θ_c' + 0.005 (θ_c − θ_c'), θ_c right after the step
     target_before = [p.detach().double().clone() for p in agent.cost_critic_target.parameters()]
-    agent.cost_critic_step(cost_batch, cost_batch.actions)
+    agent.cost_critic_step(cost_batch)
     for before, target, online in zip(target_before, agent.cost_critic_target.parameters(),
                                       agent.cost_critic.parameters()):
         torch.testing.assert_close(target.double(), before + 0.005 * (online.detach().double() - before),

@@ -1,5 +1,6 @@
-"""--precision bf16: one update on a fixed batch matches the fp32 update within a stated tolerance, the weights
-and optimiser state stay float32, and bad values or slow hardware are said in one line."""
+"""--precision bf16: one update on a fixed batch matches the fp32 update within a stated tolerance, every forward
+pass of later updates multiplies by the weights as they are then, the weights and optimiser state stay float32,
+and bad values or slow hardware are said in one line."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from keelrl.agents import cql, iql, sac, td3
+from keelrl.agents import cql, iql, sac, sac_lag, td3, td3_lag
 from keelrl.agents.harness import run_cli
 from keelrl.buffers import Batch
 from keelrl.networks import training
@@ -67,6 +68,48 @@ def test_one_bf16_update_matches_the_fp32_update_and_keeps_float32_weights(name)
     for optimizer in bf16.optimizers.values():
         for state in optimizer.state.values():
             assert all(v.dtype == torch.float32 for v in state.values() if v.is_floating_point() and v.dim() > 0)
+
+
+MULTI_STEP_AGENTS = {
+    "sac": lambda: sac.SAC(11, LOW, HIGH, sac.SACConfig(**SMALL, precision="bf16")),
+    "sac_lag": lambda: sac_lag.SACLag(11, LOW, HIGH, sac_lag.SACLagConfig(**SMALL, precision="bf16")),
+    "td3": lambda: td3.TD3(11, LOW, HIGH, td3.TD3Config(**SMALL, precision="bf16")),
+    "td3_lag": lambda: td3_lag.TD3Lag(11, LOW, HIGH, td3_lag.TD3LagConfig(**SMALL, precision="bf16")),
+    "cql": lambda: cql.CQL(11, LOW, HIGH, cql.CQLConfig(**SMALL, cql_n_actions=4, precision="bf16")),
+    "iql": lambda: iql.IQL(11, LOW, HIGH, iql.IQLConfig(**SMALL, precision="bf16")),
+}
+
+
+@pytest.mark.parametrize("name", list(MULTI_STEP_AGENTS))
+def test_every_bf16_forward_pass_multiplies_by_the_current_weights(name):
+    """Autocast keeps the bfloat16 copies of the weights it cast until its region closes: a region around a
+    whole update (SAC with policy_frequency 2: critic step, then two actor/α steps; the Lagrangian cost targets
+    after the actor step) made later forward passes use the weights from before the steps in between. Each layer
+    call under autocast is recomputed here from the layer's weights at that moment, with the cache off."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # this machine may have no native bf16
+        torch.manual_seed(0)
+        agent = MULTI_STEP_AGENTS[name]()
+    stale, checked = [], []
+
+    def recompute(layer, inputs, output) -> None:
+        if not torch.is_autocast_enabled("cpu"):
+            return
+        with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16, cache_enabled=False):
+            current = layer.forward(*inputs)
+        checked.append(layer)
+        if not torch.equal(output.detach(), current):
+            stale.append(type(layer).__name__)
+
+    for layer in agent.modules():
+        if not list(layer.children()) and isinstance(getattr(layer, "weight", None), torch.nn.Parameter):
+            layer.register_forward_hook(recompute)
+    batch = fixed_batch()
+    batch = batch._replace(costs=torch.rand(len(batch.rewards)))
+    for _ in range(4):
+        agent.update(batch)
+    assert len(checked) > 20  # the hooks did see the update's layers under autocast
+    assert not stale, f"{len(stale)} of {len(checked)} layer calls used weights from before an optimiser step"
 
 
 def test_networks_return_float32_under_bf16_autocast():

@@ -1,8 +1,21 @@
-"""Progress where there is no terminal: plain lines on stdout every --progress-seconds, none under --quiet."""
+"""Progress where no progress bar is seen: plain lines on stdout every --progress-seconds whenever stdout or
+stderr (where the bar goes) is not a terminal, none under --quiet; each line says what is known for the agent's
+kind ("–" until it is known) and a time left that does not wrap at a day."""
 
 import re
+import sys
 
-from keelrl.agents import stream_q
+import numpy as np
+import pytest
+
+from keelrl.agents import iql, stream_q
+from keelrl.agents.harness import duration
+from keelrl.benchmarks.make_datasets import collect
+
+ETA = r"ETA (\d\d+:\d\d:\d\d|\?)"
+ONLINE_LINE = re.compile(r"^\[stream_q\] step (\d+)/400 \((\d+)%\) \| [\d.]+ steps/s \| last return (\S+) \| "
+                         rf"last evaluation (\S+) \| {ETA}$")
+OFFLINE_LINE = re.compile(rf"^\[iql\] update (\d+)/60 \((\d+)%\) \| [\d.]+ updates/s \| last evaluation (\S+) \| {ETA}$")
 
 
 def tiny_run(tmp_path, **options):
@@ -11,21 +24,55 @@ def tiny_run(tmp_path, **options):
     return stream_q.train(config)
 
 
-LINE = re.compile(r"^\[stream_q\] step (\d+)/400 \((\d+)%\) \| [\d.]+ steps/s \| last return (\S+) \| "
-                  r"last evaluation (\S+) \| ETA (\d\d:\d\d:\d\d|\?)$")
+def matching(pattern: re.Pattern, text: str) -> list[re.Match]:
+    return [m for m in map(pattern.match, text.splitlines()) if m]
 
 
 def test_a_run_whose_stdout_is_not_a_terminal_prints_plain_progress_lines(tmp_path, capsys):
     tiny_run(tmp_path, progress_seconds=0.0)  # pytest's captured stdout is not a terminal
-    lines = [m for m in map(LINE.match, capsys.readouterr().out.splitlines()) if m]
+    lines = matching(ONLINE_LINE, capsys.readouterr().out)
     assert [int(m[1]) for m in lines] == list(range(1, 401))  # every step, with no interval
     assert int(lines[199][2]) == 50 and lines[-1][5] == "00:00:00"
-    assert lines[0][4] == "nan" and lines[-1][4] != "nan"  # the evaluation at step 200 shows from then on
-    assert any(m[3] != "nan" for m in lines)  # CartPole episodes end within 400 steps
+    assert lines[0][3] == "–" and lines[0][4] == "–"  # no episode has ended and nothing was evaluated yet
+    assert lines[198][4] == "–" and lines[-1][4] != "–"  # the evaluation at step 200 shows from then on
+    float(lines[-1][4])
+    assert any(m[3] != "–" for m in lines)  # CartPole episodes end within 400 steps
+    assert "nan" not in " ".join(m[0] for m in lines)
+
+
+def test_with_stdout_on_a_terminal_and_stderr_redirected_the_lines_replace_the_hidden_bar(tmp_path, capsys,
+                                                                                          monkeypatch):
+    monkeypatch.setattr(sys.stdout, "isatty", lambda: True)
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: False)  # the bar, on stderr, is off
+    tiny_run(tmp_path / "redirected", progress_seconds=0.0)
+    assert len(matching(ONLINE_LINE, capsys.readouterr().out)) == 400
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True)  # both terminals: the bar is seen, no lines
+    tiny_run(tmp_path / "terminal", progress_seconds=0.0)
+    assert not matching(ONLINE_LINE, capsys.readouterr().out)
 
 
 def test_quiet_prints_no_progress_and_the_interval_spaces_the_lines(tmp_path, capsys):
     tiny_run(tmp_path / "quiet", quiet=True, progress_seconds=0.0)
-    assert not any(map(LINE.match, capsys.readouterr().out.splitlines()))
+    assert not matching(ONLINE_LINE, capsys.readouterr().out)
     tiny_run(tmp_path / "spaced", progress_seconds=3600.0)
-    assert sum(bool(LINE.match(line)) for line in capsys.readouterr().out.splitlines()) == 1  # the first step only
+    assert len(matching(ONLINE_LINE, capsys.readouterr().out)) == 1  # the first step only
+
+
+def test_an_offline_agent_counts_updates_and_shows_no_training_return(tmp_path, capsys):
+    rng = np.random.default_rng(0)
+    np.savez(tmp_path / "pendulum.npz",
+             **collect("InvertedPendulum-v5", lambda obs: rng.uniform(-3, 3, (len(obs), 1)), 300, 1, seed=0))
+    iql.train(iql.IQLConfig(dataset=str(tmp_path / "pendulum.npz"), env_id="InvertedPendulum-v5", total_updates=60,
+                            batch_size=16, hidden_sizes=(8, 8), eval_freq=30, eval_episodes=1, progress_seconds=0.0,
+                            runs_dir=str(tmp_path / "runs")))
+    out = capsys.readouterr().out
+    lines = matching(OFFLINE_LINE, out)
+    assert [int(m[1]) for m in lines] == list(range(1, 61))
+    assert lines[29][3] == "–" and lines[30][3] != "–"  # the evaluation after update 30 shows from update 31
+    assert "last return" not in out
+
+
+@pytest.mark.parametrize("seconds, shown", [(0, "00:00:00"), (59.6, "00:01:00"), (3 * 3600 + 7, "03:00:07"),
+                                            (24 * 3600 + 6 * 60 + 8, "24:06:08"), (250 * 3600, "250:00:00")])
+def test_the_time_left_counts_hours_past_a_day(seconds, shown):
+    assert duration(seconds) == shown

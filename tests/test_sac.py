@@ -272,7 +272,7 @@ def test_resume_after_kill_leaves_no_gap_or_duplicate(tmp_path):
         (["--device", "cuda"] if not torch.cuda.is_available() else ["--gamma", "2"], "cuda|gamma"),
         (["--cudagraphs"], "--cudagraphs .* needs --device cuda"),
         (["--env-id", "keelrl_test/NanRewardLate-v0", "--learning-starts", "100", "--batch-size", "8",
-          "--checkpoint-freq", "200"], r"non-finite reward .*global step 250.*last checkpoint"),
+          "--checkpoint-freq", "200"], r"non-finite reward .*global step 250.*checkpoint of step 200 .* is kept"),
     ],
 )
 def test_bad_input_is_one_clear_line_and_exit_code_2(args, message, tmp_path, capsys):

@@ -505,7 +505,7 @@ def test_resume_from_a_mid_episode_checkpoint_starts_the_new_episode_with_zero_t
         ("stream_ac", ["--env-id", "keelrl_test/NanReward-v0"], "no time limit.*--no-time-feature"),
         ("stream_q", ["--env-id", "Blackjack-v1"], "flat \\(vector\\) Box observations"),
         ("stream_ac", ["--env-id", "keelrl_test/NanRewardLate-v0", "--checkpoint-freq", "200"],
-         r"non-finite reward .*global step 250.*last checkpoint"),
+         r"non-finite reward .*global step 250.*checkpoint of step 200 .* is kept"),
     ],
 )
 def test_bad_input_is_one_clear_line_and_exit_code_2(module, args, message, tmp_path, capsys):

@@ -1,0 +1,274 @@
+"""Runs that survive being stopped: SIGTERM or Ctrl-C mid-run writes a checkpoint and exits with 128 + the signal
+number, `--resume` continues to the budget with continuous logs; checkpoints also come every --checkpoint-minutes;
+the replay buffer and the checkpoint are one stamped pair, whatever moment a kill comes at; and the logs of a
+resumed run keep what the checkpoint covers (TensorBoard included) and no more."""
+
+from __future__ import annotations
+
+import csv
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from keelrl.agents import harness, sac, stream_q
+from keelrl.agents.harness import BUFFER_FILE, CHECKPOINT_FILE, NEXT_BUFFER_FILE, run_cli
+
+REPO = Path(__file__).resolve().parents[1]
+SAC_ARGS = ["--env-id", "InvertedPendulum-v5", "--learning-starts", "200", "--batch-size", "32",
+            "--hidden-sizes", "32", "32", "--eval-episodes", "2"]
+"""A small SAC on InvertedPendulum (whose random episodes last a few steps)."""
+
+
+def episodes(run_dir: Path) -> list[tuple[int, int]]:
+    """(global step, length) of every row of episodes.csv."""
+    with open(run_dir / "episodes.csv") as f:
+        return [(int(row["global_step"]), int(row["length"])) for row in csv.DictReader(f)]
+
+
+def evaluation_steps(run_dir: Path) -> list[int]:
+    with open(run_dir / "eval.csv") as f:
+        return [int(row["global_step"]) for row in csv.DictReader(f)]
+
+
+def assert_continuous(rows: list[tuple[int, int]], resumed_at: int) -> None:
+    """Every episode ends its length after the previous one, but the first after the resume, which began at the
+    checkpoint (the episode in progress there was lost): no gap, no duplicate, nothing else lost."""
+    previous = 0
+    for step, length in rows:
+        start = resumed_at if previous <= resumed_at < step else previous
+        assert step - start == length, (previous, step, length, resumed_at)
+        previous = step
+
+
+def signal_once_running(command: list[str], runs_dir: Path, signum: int, after_step: int,
+                        second_signal: int | None = None) -> tuple[int, str, Path]:
+    """Start `python -m <command>`, send `signum` once its progress lines pass `after_step` (and `second_signal`
+    right after); its exit code, stderr and run directory."""
+    process = subprocess.Popen([sys.executable, "-m", *command, "--runs-dir", str(runs_dir), "--progress-seconds", "0"],
+                               cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    for line in process.stdout:  # a plain progress line per step: stdout is a pipe
+        if line.startswith("[") and int(line.split()[2].split("/")[0]) >= after_step:
+            process.send_signal(signum)
+            if second_signal is not None:
+                process.send_signal(second_signal)
+            break
+    process.stdout.read()
+    code = process.wait(timeout=60)
+    (run_dir,) = runs_dir.iterdir()
+    return code, process.stderr.read(), run_dir
+
+
+@pytest.mark.parametrize("module, args, signum", [
+    ("sac", [*SAC_ARGS, "--total-timesteps", "1000"], signal.SIGTERM),
+    ("stream_q", ["--env-id", "CartPole-v1", "--hidden-sizes", "8", "8", "--eval-episodes", "1",
+                  "--total-timesteps", "3000"], signal.SIGINT),
+])
+def test_a_signal_mid_run_checkpoints_and_resume_reaches_the_budget(module, args, signum, tmp_path, capsys):
+    code, err, run_dir = signal_once_running([f"keelrl.agents.{module}", *args], tmp_path, signum, after_step=300)
+    assert code == 128 + signum, err
+    checkpoint = torch.load(run_dir / CHECKPOINT_FILE, weights_only=True)
+    stopped_at = checkpoint["global_step"]
+    assert 300 <= stopped_at < int(args[-1])  # the step in progress: no checkpoint_freq (50,000) nor the end
+    name = signal.Signals(signum).name
+    assert err.strip().splitlines()[-1] == (f"{name}: stopped at step {stopped_at} of {args[-1]} with a checkpoint; "
+                                            f"continue with: python -m keelrl.agents.{module} --resume {run_dir}")
+    assert "Traceback" not in err
+    if module == "sac":  # the replay buffer holds every step up to the checkpoint, and no more
+        assert torch.load(run_dir / BUFFER_FILE, weights_only=True)["rewards"].shape == (stopped_at,)
+    config_cls = {"sac": sac.SACConfig, "stream_q": stream_q.StreamQConfig}[module]
+    train = {"sac": sac.train, "stream_q": stream_q.train}[module]
+    assert run_cli(train, config_cls, args=["--resume", str(run_dir), "--quiet"]) == 0
+    assert torch.load(run_dir / CHECKPOINT_FILE, weights_only=True)["global_step"] == int(args[-1])
+    rows = episodes(run_dir)
+    assert rows[0][0] < stopped_at < rows[-1][0]
+    assert_continuous(rows, stopped_at)
+    assert (run_dir / "model.pt").is_file()
+
+
+def test_a_second_signal_while_stopping_is_ignored(tmp_path):
+    code, err, run_dir = signal_once_running(["keelrl.agents.sac", *SAC_ARGS, "--total-timesteps", "1500"], tmp_path,
+                                             signal.SIGTERM, after_step=300, second_signal=signal.SIGINT)
+    # both are pending at once, and Python takes them in signal-number order: the first one taken decides
+    first, second = (line.split()[0].rstrip(":") for line in err.splitlines() if "finishing this step" in line
+                     or "while stopping: ignored" in line)
+    assert {first, second} == {"SIGTERM", "SIGINT"} and f"{second} while stopping: ignored" in err, err
+    assert code == 128 + signal.Signals[first] and "Traceback" not in err, err
+    checkpoint = torch.load(run_dir / CHECKPOINT_FILE, weights_only=True)  # whole, and paired with its buffer
+    buffer = torch.load(run_dir / BUFFER_FILE, weights_only=True)
+    assert buffer["stamp"] == checkpoint["stamp"] and not (run_dir / NEXT_BUFFER_FILE).exists()
+
+
+def written_checkpoints(monkeypatch) -> list[int]:
+    """The global step of every checkpoint.pt written from now on."""
+    steps, real_save = [], harness.save_checkpoint
+
+    def save(path, state):
+        if Path(path).name == CHECKPOINT_FILE:
+            steps.append(state["global_step"])
+        real_save(path, state)
+
+    monkeypatch.setattr(harness, "save_checkpoint", save)
+    return steps
+
+
+def test_checkpoints_come_every_checkpoint_minutes_without_a_step_based_one_due(tmp_path, monkeypatch):
+    steps = written_checkpoints(monkeypatch)
+    args = [*SAC_ARGS, "--total-timesteps", "600", "--checkpoint-freq", "100000", "--eval-freq", "0", "--quiet"]
+    assert run_cli(sac.train, sac.SACConfig, args=[*args, "--runs-dir", str(tmp_path / "off"),
+                                                   "--checkpoint-minutes", "0"]) == 0
+    assert steps == [600]  # the last one only
+    steps.clear()
+    assert run_cli(sac.train, sac.SACConfig, args=[*args, "--runs-dir", str(tmp_path / "timed"),
+                                                   "--checkpoint-minutes", "0.003"]) == 0  # every 0.18 s
+    assert len(steps) > 3 and steps[-1] == 600 and all(0 < step < 600 for step in steps[:-1])
+    assert steps == sorted(steps)
+
+
+class Killed(Exception):
+    """Stands in for a SIGKILL of the training process."""
+
+
+def killed_run(tmp_path: Path, monkeypatch, kill_at_step: int, name: str = "run", **options) -> Path:
+    """A SAC run of 600 steps with checkpoints every 200 steps (and `options`), killed (no signal handling: an
+    exception from the loop) when it reaches `kill_at_step`; its run directory."""
+    real_advance = harness.Run.advance
+
+    def advance(run, steps=1):
+        real_advance(run, steps)
+        if run.step == kill_at_step:
+            raise Killed
+
+    monkeypatch.setattr(harness.Run, "advance", advance)
+    with pytest.raises(Killed):
+        sac.train(sac.SACConfig(**{**dict(env_id="InvertedPendulum-v5", total_timesteps=600, learning_starts=100,
+                                          batch_size=16, hidden_sizes=(16, 16), checkpoint_freq=200, eval_freq=0,
+                                          eval_episodes=1, quiet=True, runs_dir=str(tmp_path / name)), **options}))
+    monkeypatch.setattr(harness.Run, "advance", real_advance)
+    (run_dir,) = (tmp_path / name).iterdir()
+    return run_dir
+
+
+def resume(run_dir: Path) -> int:
+    return run_cli(sac.train, sac.SACConfig, args=["--resume", str(run_dir), "--quiet"])
+
+
+def buffer_sizes_at_restore(monkeypatch) -> list[int]:
+    """The size of every replay buffer a resumed run restores from now on."""
+    sizes, real_end = [], harness.ReplayBuffer.end_episodes
+
+    def end_episodes(buffer):
+        sizes.append(buffer.size)
+        real_end(buffer)
+
+    monkeypatch.setattr(harness.ReplayBuffer, "end_episodes", end_episodes)
+    return sizes
+
+
+def test_a_kill_between_the_buffer_and_the_checkpoint_resumes_from_the_previous_pair(tmp_path, monkeypatch):
+    """The issue's repro: the newer buffer on disk beside the older checkpoint used to be trained on silently."""
+    real_save = harness.save_checkpoint
+
+    def save(path, state):
+        if Path(path).name == CHECKPOINT_FILE and state["global_step"] == 400:
+            raise Killed  # the buffer of step 400 is on disk; its checkpoint never comes
+        real_save(path, state)
+
+    monkeypatch.setattr(harness, "save_checkpoint", save)
+    with pytest.raises(Killed):
+        sac.train(sac.SACConfig(env_id="InvertedPendulum-v5", total_timesteps=600, learning_starts=100, batch_size=16,
+                                hidden_sizes=(16, 16), checkpoint_freq=200, eval_freq=0, quiet=True,
+                                runs_dir=str(tmp_path)))
+    monkeypatch.setattr(harness, "save_checkpoint", real_save)
+    (run_dir,) = tmp_path.iterdir()
+    assert torch.load(run_dir / CHECKPOINT_FILE, weights_only=True)["global_step"] == 200
+    assert torch.load(run_dir / NEXT_BUFFER_FILE, weights_only=True)["rewards"].shape == (400,)
+    buffers = buffer_sizes_at_restore(monkeypatch)
+    assert resume(run_dir) == 0
+    assert buffers == [200]  # the buffer saved with the checkpoint resumed from, not the newer one
+    assert torch.load(run_dir / BUFFER_FILE, weights_only=True)["rewards"].shape == (600,)
+
+
+def test_a_kill_before_the_last_rename_resumes_with_the_new_buffer(tmp_path, monkeypatch):
+    run_dir = killed_run(tmp_path, monkeypatch, kill_at_step=450)
+    old_pair = killed_run(tmp_path, monkeypatch, kill_at_step=250, name="older")
+    # as if killed between writing checkpoint.pt (step 400) and renaming buffer.next.pt over the older buffer.pt
+    (run_dir / BUFFER_FILE).rename(run_dir / NEXT_BUFFER_FILE)
+    shutil.copy(old_pair / BUFFER_FILE, run_dir / BUFFER_FILE)
+    buffers = buffer_sizes_at_restore(monkeypatch)
+    assert resume(run_dir) == 0
+    assert buffers == [400] and not (run_dir / NEXT_BUFFER_FILE).exists()
+
+
+def test_a_buffer_not_written_with_the_checkpoint_is_refused_in_one_line(tmp_path, monkeypatch, capsys):
+    run_dir = killed_run(tmp_path, monkeypatch, kill_at_step=450)
+    old_pair = killed_run(tmp_path, monkeypatch, kill_at_step=250, name="older")
+    shutil.copy(old_pair / BUFFER_FILE, run_dir / BUFFER_FILE)  # saved at step 200, by another save
+    capsys.readouterr()
+    assert resume(run_dir) == 2
+    err = capsys.readouterr().err
+    assert err == (f"error: --resume {run_dir}: {BUFFER_FILE} (saved at step 200) was not written with "
+                   f"{CHECKPOINT_FILE} (saved at step 400); the run cannot go on with a replay buffer that does not "
+                   f"match its checkpoint: put back the pair saved together, or start a new run.\n")
+
+
+def tensorboard_steps(run_dir: Path, tag: str) -> list[int]:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(run_dir))
+    events.Reload()
+    return [event.step for event in events.Scalars(tag)]
+
+
+def test_resume_keeps_the_tensorboard_events_at_the_checkpoint_step(tmp_path, monkeypatch):
+    """The evaluation at the checkpoint's step, which eval.csv keeps, stays in TensorBoard too, once."""
+    run_dir = killed_run(tmp_path, monkeypatch, kill_at_step=350, eval_freq=200, log_freq=100)
+    assert evaluation_steps(run_dir) == [200]
+    assert resume(run_dir) == 0
+    assert evaluation_steps(run_dir) == [200, 400, 600] == tensorboard_steps(run_dir, "eval/episodic_return")
+    assert tensorboard_steps(run_dir, "charts/SPS") == [100, 200, 300, 400, 500, 600]  # each once
+    # a finished run trained on keeps its final evaluation
+    assert sac.train(sac.SACConfig(resume=str(run_dir), extend_to=700, quiet=True)).global_step == 700
+    assert evaluation_steps(run_dir) == [200, 400, 600, 700] == tensorboard_steps(run_dir, "eval/episodic_return")
+
+
+def test_a_run_killed_between_its_last_checkpoint_and_model_pt_is_finished_once(tmp_path, monkeypatch):
+    def killed_on_save(agent, path):
+        raise Killed
+
+    monkeypatch.setattr(sac.SAC, "save", killed_on_save)
+    with pytest.raises(Killed):
+        sac.train(sac.SACConfig(env_id="InvertedPendulum-v5", total_timesteps=300, learning_starts=100, batch_size=16,
+                                hidden_sizes=(16, 16), eval_freq=100, eval_episodes=1, quiet=True,
+                                runs_dir=str(tmp_path)))
+    monkeypatch.undo()
+    (run_dir,) = tmp_path.iterdir()
+    assert evaluation_steps(run_dir) == [100, 200, 300] and not (run_dir / "model.pt").exists()
+    before = (run_dir / "eval.csv").read_text()
+    assert resume(run_dir) == 0
+    assert (run_dir / "eval.csv").read_text() == before  # the final evaluation made again, the same, once
+    assert tensorboard_steps(run_dir, "eval/episodic_return") == [100, 200, 300]
+    assert (run_dir / "model.pt").is_file()
+
+
+def test_threads_and_device_given_with_resume_are_applied(tmp_path, monkeypatch):
+    """They do not change the algorithm, so --resume takes them from its command line (they were ignored)."""
+    run_dir = killed_run(tmp_path, monkeypatch, kill_at_step=450)  # 1 thread, on "cpu"; resumes at step 400
+    threads, real_update = [], sac.SAC.update
+
+    def update(agent, batch):
+        threads.append(torch.get_num_threads())
+        return real_update(agent, batch)
+
+    monkeypatch.setattr(sac.SAC, "update", update)
+    try:
+        result = sac.train(sac.SACConfig(resume=str(run_dir), threads=2, device="cpu:0", quiet=True))
+    finally:
+        torch.set_num_threads(1)
+    assert set(threads) == {2} and len(threads) == 200
+    assert (result.config.threads, result.config.device) == (2, "cpu:0")
