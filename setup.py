@@ -2,7 +2,7 @@
 
 from setuptools import setup
 
-SUBPACKAGES = ["agents", "envs", "buffers", "networks", "evaluate", "benchmarks", "benchmarks.perf", "benchmarks.checks"]
+SUBPACKAGES = ["agents", "agents.harness", "envs", "buffers", "networks", "evaluate", "benchmarks", "benchmarks.perf", "benchmarks.checks"]
 
 setup(
     name="keelrl",

@@ -17,8 +17,8 @@ The algorithm, top to bottom (SAC on a fixed dataset, with a conservative critic
 All three losses are computed from the networks (and α) as they are before the update, then α, the
 actor and the critics step, in CORL's order.
 The dataset comes from keelrl.buffers (DatasetOptions, prepare_dataset, DatasetBuffer), the networks and
-optimiser steps from keelrl.networks, the run plumbing (logs, evaluation and checkpoint timing, resume) from
-agents/harness.py.
+optimiser steps from keelrl.networks, the run plumbing (logs, evaluations, checkpoints, resume) from
+keelrl.agents.harness, and the agent an adversarial data corruption attacks from agents/iql.py (`load_attacker`).
 """
 
 from __future__ import annotations
@@ -26,32 +26,22 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import os
-from pathlib import Path
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from keelrl.agents.harness import (
-    Run,
-    RunOptions,
-    TrainResult,
-    evaluate_policy,
-    load_attacker,
-    load_checkpoint,
-    require_positive_counts,
-    run_cli,
-    save_checkpoint,
-    validate_run_options,
-)
+from keelrl.agents.harness.checkpoints import SavedAgent
+from keelrl.agents.harness.evaluation import play_episodes
+from keelrl.agents.harness.loop import Run, TrainResult
+from keelrl.agents.harness.options import RunOptions, require_positive_counts, run_cli, validate_run_options
+from keelrl.agents.iql import load_attacker
 from keelrl.buffers import Batch
 from keelrl.buffers.offline import (
     DatasetBuffer,
     DatasetOptions,
     evaluation_spaces,
-    normalized_score,
     prepare_dataset,
     validate_dataset_options,
 )
@@ -66,9 +56,7 @@ from keelrl.networks import (
     matmul_precision,
     mlp,
     optimizer_step,
-    pack_training_state,
     soft_update,
-    unpack_training_state,
 )
 
 ALGO = "cql"
@@ -194,8 +182,12 @@ def orthogonal_init_(critic: CriticEnsemble) -> None:
             layer.bias.zero_()
 
 
-class CQL(nn.Module):
-    """The CQL networks and update rule; takes raw observations (standardised inside when configured)."""
+class CQL(SavedAgent):
+    """The CQL networks and update rule; takes raw observations (standardised inside when configured). Saving and
+    loading (`save`, `CQL.load`) and the training state a checkpoint carries come from SavedAgent."""
+
+    algo = ALGO
+    config_cls = CQLConfig
 
     def __init__(self, obs_dim: int, action_low: np.ndarray, action_high: np.ndarray, config: CQLConfig):
         super().__init__()
@@ -247,14 +239,6 @@ class CQL(nn.Module):
         """Actions for a batch of raw observations (B, obs_dim) -> (B, action_dim)."""
         obs_t = self.obs_norm(torch.as_tensor(obs, dtype=torch.float32, device=self.action_low.device))
         return self.policy(obs_t, deterministic).cpu().numpy()
-
-    def attack_q(self, obs: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
-        """Q-values (B,) of raw observations, differentiable in both inputs (for adversarial corruption)."""
-        return self.q_value(self.obs_norm(obs), actions)
-
-    def attack_policy(self, obs: torch.Tensor) -> torch.Tensor:
-        """Deterministic actions of raw observations, differentiable in them (for adversarial corruption)."""
-        return self.policy(self.obs_norm(obs), deterministic=True)
 
     def update(self, batch: Batch) -> dict[str, torch.Tensor]:
         """One update on a batch of raw transitions: every loss from the networks (and α) as they are before
@@ -333,75 +317,34 @@ class CQL(nn.Module):
                              "losses/cql_gap": conservative_gap.detach() / num_critics,
                              "losses/qf_values": q_data.detach().mean()}
 
-    def training_state(self) -> dict:
-        """Networks, optimisers and the update counter: everything to continue training."""
-        return pack_training_state(self, self.optimizers, self.num_updates)
-
-    def load_training_state(self, state: dict) -> None:
-        self.num_updates = unpack_training_state(self, self.optimizers, state)
-
-    def save(self, path: str | os.PathLike) -> None:
-        """Save networks (observation statistics included) and config: tensors and plain values only."""
-        save_checkpoint(Path(path), {"algo": ALGO, "config": dataclasses.asdict(self.config), "obs_dim": self.obs_dim,
-                                     "networks": self.state_dict()})
-
-    @classmethod
-    def load(cls, path: str | os.PathLike, device: str = "cpu") -> CQL:
-        state = load_checkpoint(path, ALGO)
-        networks = state["networks"]
-        agent = cls(state["obs_dim"], networks["action_low"].numpy(), networks["action_high"].numpy(),
-                    CQLConfig(**state["config"]))
-        agent.load_state_dict(networks)
-        return agent.to(device)
-
 
 def evaluate(agent: CQL, env_id: str, episodes: int = 10, seed: int = 0,
              deterministic: bool = True) -> tuple[np.ndarray, np.ndarray]:
     """Returns and costs of `episodes` episodes of the agent's deterministic (or stochastic) policy."""
-    return evaluate_policy(lambda obs: agent.act(obs, deterministic=deterministic), env_id, episodes, seed)
+    return play_episodes(lambda obs: agent.act(obs, deterministic=deterministic), env_id, episodes, seed)
 
 
 def train(config: CQLConfig) -> TrainResult:
     """Train CQL for `config.total_updates` gradient updates on `config.dataset`."""
-    run = Run(config, ALGO, validate, total="total_updates", checkpoint_keys=("global_step", "agent", "rng", "sampler"))
+    run = Run(config, ALGO, validate, total="total_updates")
     config = run.config
-    q_function = policy = None  # of the agent an adversarial corruption attacks
-    if config.corruption is not None and config.attack_model is not None:
-        q_function, policy = load_attacker(config.attack_model)
-    data, summary = prepare_dataset(config, config.seed, q_function, policy)
-    env_id, references = summary["env_id"], summary["ref_scores"]
+    attacker = load_attacker(config.attack_model) if config.corruption and config.attack_model else (None, None)
+    data, summary = prepare_dataset(config, config.seed, *attacker)
+    env_id = summary["env_id"]
     observation_space, action_space = evaluation_spaces(data, env_id)
     agent = CQL(int(np.prod(observation_space.shape)), action_space.low, action_space.high, config)
     agent.fit_normalizer(data)
     agent.to(config.device)
     buffer = DatasetBuffer(data, config.gamma, config.device, seed=config.seed)
-    numpy_rng = np.random.default_rng(config.seed)  # the loop draws nothing from numpy; checkpoints keep its state
-    if run.resumed:
-        run.restore(agent, numpy_rng)
-        with run.restoring():
-            buffer.generator.set_state(run.checkpoint["sampler"])
-    run.open(env_id, files={"dataset.json": json.dumps(summary, indent=2)},  # logs start from the restored state
-             video=gym_video(env_id, lambda obs: agent.act(obs, deterministic=True), config.seed + 10_000))
-
-    def write_checkpoint() -> None:
-        run.save_checkpoint(agent, numpy_rng, sampler=buffer.generator.get_state())
-
-    def run_evaluation() -> tuple[np.ndarray, float]:
-        returns, costs = evaluate(agent, env_id, config.eval_episodes, config.seed + 10_000)
-        score = float("nan") if references is None else float(normalized_score(returns, *references).mean())
-        run.evaluation(returns, costs, {"eval/normalized_score": score})
-        return returns, score
-
+    eval_seed = config.seed + 10_000  # evaluation episode i is seeded eval_seed + i
+    run.start(env_id, agent, evaluate=lambda: evaluate(agent, env_id, config.eval_episodes, eval_seed),
+              state={"sampler": (buffer.generator.get_state, buffer.generator.set_state)},
+              reference_returns=summary["ref_scores"], files={"dataset.json": json.dumps(summary, indent=2)},
+              video=gym_video(env_id, lambda obs: agent.act(obs, deterministic=True), eval_seed))
     with run:
-        run.updates_began()  # every loop step updates
-        while not run.done:
-            losses = agent.update(buffer.sample(config.batch_size))
-            run.advance(1)
-            run.log(losses)
-            run.periodic(run_evaluation, write_checkpoint)
-        returns, score = run.finish(run_evaluation, write_checkpoint, agent.save)
-    run.report(returns, f"normalised score {score:.1f}; {run.loop_speed():.1f} updates/s")
-    return run.result(returns)
+        for _ in run.steps():
+            run.log(agent.update(buffer.sample(config.batch_size)))
+    return run.result()
 
 
 if __name__ == "__main__":

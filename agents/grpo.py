@@ -43,14 +43,13 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from keelrl.agents.harness import (
-    Run,
+from keelrl.agents.harness.checkpoints import read_checkpoint, saved_config, write_atomically
+from keelrl.agents.harness.loop import Run
+from keelrl.agents.harness.options import (
     RunOptions,
-    load_checkpoint,
     require_non_negative,
     require_positive_counts,
     run_cli,
-    save_checkpoint,
     validate_run_options,
 )
 from keelrl.envs.rlvr_tasks import Problem, Task, make_task, pass_at_k
@@ -390,15 +389,14 @@ class GRPO:
 
     def save(self, path: str | os.PathLike) -> None:
         """The policy's weights, config and character vocabulary (tensors and plain values only)."""
-        save_checkpoint(Path(path), {"algo": ALGO, "config": dataclasses.asdict(self.config),
+        write_atomically(Path(path), {"algo": ALGO, "config": dataclasses.asdict(self.config),
                                      "vocab": vocab_of(self.policy.tokenizer), "policy": self.policy.state_dict()})
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> GRPO:
         """A saved agent; a --model-path run needs its model directory (for the tokenizer and architecture)."""
-        state = load_checkpoint(path, ALGO)
-        known = {field.name for field in dataclasses.fields(GRPOConfig)}  # a removed option does not change the model
-        config = GRPOConfig(**{name: value for name, value in state["config"].items() if name in known})
+        state = read_checkpoint(path, ALGO)
+        config = saved_config(GRPOConfig, state["config"])
         agent = cls(build_policy(config, state["vocab"]), config)
         agent.policy.load_state_dict(state["policy"])
         return agent
@@ -561,54 +559,49 @@ def train(config: GRPOConfig) -> GRPOResult:
                + [len(agent.policy.tokenizer.encode(p.prompt, add_special_tokens=False)) for p in heldout],
                config.max_new_tokens, config.context_length, "--context-length")
     history: list[dict[str, float]] = []
-    if run.resumed:
-        run.restore(agent, env.np_random)  # the prompt sampler and torch continue where they were
-        history = list(run.checkpoint["history"])
-    run.open(f"rlvr-{config.task}")
 
-    def write_checkpoint() -> None:
-        run.save_checkpoint(agent, env.np_random, vocab=vocab_of(agent.policy.tokenizer), history=history)
-
-    def run_evaluation() -> dict[str, float]:
+    def evaluate_now() -> tuple[np.ndarray, None]:
+        """Greedy rewards on the held-out prompts; pass@1, pass@k and accuracy logged beside them and kept in
+        the history."""
         metrics = evaluate(agent, task, heldout, config.eval_samples, config.pass_k)
         greedy_rewards = metrics.pop("greedy_rewards")
-        run.evaluation(greedy_rewards, scalars={f"eval/{name}": value for name, value in metrics.items()})
+        run.logger.scalars({f"eval/{name}": value for name, value in metrics.items()}, run.step)
         history.append({"iteration": run.step, "minutes": (time.perf_counter() - start_time) / 60, **metrics})
-        return {**metrics, "greedy_rewards": greedy_rewards}
+        return greedy_rewards, None
 
     def out_of_time() -> bool:
         return config.max_minutes > 0 and time.perf_counter() - start_time >= 60 * config.max_minutes
 
+    # the vocabulary was read before the agent was built; the prompt sampler and torch continue where they were
+    run.start(f"rlvr-{config.task}", agent, evaluate_now, numpy_rng=env.np_random,
+              state={"vocab": (lambda: vocab_of(agent.policy.tokenizer), lambda saved: None),
+                     "history": (lambda: history, history.extend)})
     tokens = 0
     with run:
         if not run.resumed:
             warmup_loss = agent.warmup(task, np.random.default_rng(config.seed))
             agent.freeze_reference()
-            run_evaluation()
+            run.log_evaluation()
             run.logger.scalars({"losses/warmup_loss": warmup_loss}, run.step)
         loop_start = time.perf_counter()
-        while not run.done and not out_of_time():
+        for iteration in run.steps(stop_early=out_of_time):
             batch, rewards, stats = collect(agent, env)
             tokens += int(stats["charts/generated_tokens"])
             losses = {}
             if config.anneal_lr:
-                agent.set_learning_rate(config.learning_rate * (1.0 - run.step / config.iterations))
+                agent.set_learning_rate(config.learning_rate * (1.0 - iteration / config.iterations))
             if batch is not None:
                 advantages = sample_advantages(rewards, config.group_size, config.sample_weighting, config.scale_std,
                                                config.std_eps, config.positive_weight)
                 losses = agent.update(batch, advantages)
-            run.advance(1)
             run.recent_return = stats["charts/episodic_return"]
             run.log({**stats, **losses, "charts/tokens_per_second": tokens / (time.perf_counter() - loop_start),
                      "charts/learning_rate": agent.optimizer.param_groups[0]["lr"]})
-            if not out_of_time():  # out of time: the final evaluation and checkpoint follow the loop
-                run.periodic(run_evaluation, write_checkpoint)
-        metrics = run.finish(run_evaluation, write_checkpoint, agent.save)
-    greedy_rewards = metrics.pop("greedy_rewards")
+    metrics = {name: value for name, value in history[-1].items() if name not in ("iteration", "minutes")}
     print(f"held-out after {run.step} iterations ({history[-1]['minutes']:.1f} min, {len(heldout)} prompts): "
           + ", ".join(f"{name} {value:.3f}" for name, value in metrics.items()))
     print(f"run saved in {run.dir}; open the curves with: tensorboard --logdir {Path(config.runs_dir)}")
-    return GRPOResult(run_dir=run.dir, config=config, global_step=run.step, final_eval_returns=greedy_rewards,
+    return GRPOResult(run_dir=run.dir, config=config, global_step=run.step, final_eval_returns=run.final_evaluation[0],
                       sps=tokens / max(time.perf_counter() - loop_start, 1e-9), metrics=metrics, history=history)
 
 

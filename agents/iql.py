@@ -13,11 +13,11 @@ The algorithm, top to bottom (no action outside the dataset is ever evaluated):
   with a cosine-decaying learning rate;
 - the loop: load the dataset (corrupted if asked), fit the observation statistics to it, then update on
   uniform batches, evaluating the deterministic policy in the dataset's environment (return and D4RL score).
-RIQL's robust options are options here too (V's target a quantile of the ensemble, a Huber Q loss, clipped
-targets, statistics over next observations, EDAC's critic initialisation); agents/riql.py is RIQL, with them
-on. The dataset comes from keelrl.buffers (DatasetOptions, prepare_dataset, DatasetBuffer), the networks and
-optimiser steps from keelrl.networks, the run plumbing (logs, evaluation and checkpoint timing, resume) from
-agents/harness.py.
+agents/riql.py is RIQL, IQL made robust to corrupted data: it overrides `initialise_critic`, `fit_normalizer`,
+`combine_targets`, `td_target` and `regression_loss`. A saved IQL or RIQL agent is also what the adversarial
+data corruption attacks (`load_attacker`). The dataset comes from keelrl.buffers (DatasetOptions,
+prepare_dataset, DatasetBuffer), the networks and optimiser steps from keelrl.networks, the run plumbing (logs,
+evaluations, checkpoints, resume) from keelrl.agents.harness.
 """
 
 from __future__ import annotations
@@ -25,33 +25,22 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import os
-from pathlib import Path
-from typing import Literal
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from keelrl.agents.harness import (
-    Run,
-    RunOptions,
-    TrainResult,
-    evaluate_policy,
-    load_attacker,
-    load_checkpoint,
-    require_positive_counts,
-    run_cli,
-    save_checkpoint,
-    validate_run_options,
-)
+from keelrl.agents.harness.checkpoints import SavedAgent, read_checkpoint
+from keelrl.agents.harness.evaluation import play_episodes
+from keelrl.agents.harness.loop import Run, TrainResult
+from keelrl.agents.harness.options import RunOptions, require_positive_counts, run_cli, validate_run_options
 from keelrl.buffers import Batch
+from keelrl.buffers.corruption import Policy, QFunction
 from keelrl.buffers.offline import (
     DatasetBuffer,
     DatasetOptions,
     evaluation_spaces,
-    normalized_score,
     prepare_dataset,
     validate_dataset_options,
 )
@@ -66,10 +55,8 @@ from keelrl.networks import (
     matmul_precision,
     mlp,
     optimizer_step,
-    pack_training_state,
     scale_learning_rates,
     soft_update,
-    unpack_training_state,
 )
 
 ALGO = "iql"
@@ -108,20 +95,6 @@ class IQLConfig(DatasetOptions, RunOptions):
     """lower clip of the Gaussian actor's state-independent log-std (RIQL: -5)"""
     normalize_obs: bool = True
     """standardise observations by the dataset's mean and std (saved with the model)"""
-    q_target: Literal["min", "quantile"] = "min"
-    """how V's target combines the target critics: their minimum, or their `quantile` (RIQL)"""
-    quantile: float = 0.25
-    """quantile of the target critics with --q-target quantile"""
-    q_loss: Literal["mse", "huber"] = "mse"
-    """critic regression loss (RIQL: huber)"""
-    huber_sigma: float = 1.0
-    """RIQL's σ: the Huber loss is quadratic for |error| < 1/σ² and linear beyond"""
-    target_clip: tuple[float, float] | None = None
-    """clip Q targets into [low, high] (RIQL: -100 1000)"""
-    obs_stats_with_next: bool = False
-    """fit the observation statistics to observations and next observations (RIQL)"""
-    edac_critic_init: bool = False
-    """EDAC's critic initialisation (RIQL): every bias 0.1, the output layer's weights and bias U(±3e-3)"""
     eval_freq: int = 5_000
     """updates between evaluations (0: only at the end)"""
     device: str = "cpu"
@@ -140,13 +113,10 @@ def validate(config: IQLConfig) -> None:
     require_positive_counts(config, "batch_size")
     if not 0.0 < config.gamma <= 1.0 or not 0.0 < config.tau <= 1.0:
         raise ValueError(f"--gamma and --tau must lie in (0, 1], got {config.gamma} and {config.tau}.")
-    if not 0.0 < config.expectile < 1.0 or not 0.0 < config.quantile < 1.0:
-        raise ValueError(f"--expectile and --quantile must lie in (0, 1), "
-                         f"got {config.expectile} and {config.quantile}.")
-    if config.num_critics < 1 or config.beta < 0 or config.huber_sigma <= 0:
-        raise ValueError("--num-critics must be positive, --beta non-negative and --huber-sigma positive.")
-    if config.target_clip is not None and config.target_clip[0] >= config.target_clip[1]:
-        raise ValueError(f"--target-clip LOW HIGH needs LOW < HIGH, got {config.target_clip}.")
+    if not 0.0 < config.expectile < 1.0:
+        raise ValueError(f"--expectile must lie in (0, 1), got {config.expectile}.")
+    if config.num_critics < 1 or config.beta < 0:
+        raise ValueError("--num-critics must be positive and --beta non-negative.")
 
 
 class GaussianActor(nn.Module):
@@ -176,27 +146,17 @@ class GaussianActor(nn.Module):
         return torch.max(torch.min(mean + std * torch.randn_like(mean), self.high), self.low)
 
 
-def edac_init_(critic: CriticEnsemble) -> None:
-    """EDAC's critic initialisation (An et al. 2021) as RIQL's VectorizedQ draws it: hidden weights
-    U(±1/√out_features) (its kaiming_uniform_ on an (in, out) weight takes out_features as the fan-in),
-    every bias 0.1, then the output layer's weights and bias U(±3e-3)."""
-    layers = critic.net.layers
-    with torch.no_grad():
-        for layer in layers:
-            bound = 1.0 / math.sqrt(layer.weight.shape[-1])  # weight: (E, in, out)
-            layer.weight.uniform_(-bound, bound)
-            layer.bias.fill_(0.1)
-        layers[-1].weight.uniform_(-3e-3, 3e-3)
-        layers[-1].bias.uniform_(-3e-3, 3e-3)
-
-
 def cosine_factor(step: int, total: int) -> float:
     """Cosine decay from 1 to 0 over `total` steps (CORL's CosineAnnealingLR on IQL's actor)."""
     return 0.5 * (1.0 + math.cos(math.pi * min(step, total) / total))
 
 
-class IQL(nn.Module):
-    """The IQL networks and update rule; takes raw observations (standardised inside when configured)."""
+class IQL(SavedAgent):
+    """The IQL networks and update rule; takes raw observations (standardised inside when configured). Saving and
+    loading (`save`, `IQL.load`) and the training state a checkpoint carries come from SavedAgent."""
+
+    algo = ALGO
+    config_cls = IQLConfig
 
     def __init__(self, obs_dim: int, action_low: np.ndarray, action_high: np.ndarray, config: IQLConfig):
         super().__init__()
@@ -209,8 +169,7 @@ class IQL(nn.Module):
             else nn.Identity()
         hidden, action_dim = tuple(config.hidden_sizes), len(action_low)
         self.critic = CriticEnsemble(obs_dim, action_dim, hidden, config.num_critics)  # -> (E, B, 1)
-        if config.edac_critic_init:
-            edac_init_(self.critic)
+        self.initialise_critic(self.critic)
         self.critic_target = CriticEnsemble(obs_dim, action_dim, hidden, config.num_critics).requires_grad_(False)
         self.critic_target.load_state_dict(self.critic.state_dict())
         # the parameter lists Polyak averaging walks, gathered once (the tensors stay the same objects)
@@ -225,14 +184,13 @@ class IQL(nn.Module):
                            "value": make_optimizer(list(self.value.parameters()), "adam", config.vf_lr)}
         self.num_updates = 0
 
+    def initialise_critic(self, critic: CriticEnsemble) -> None:
+        """IQL keeps PyTorch's default initialisation of the critics (RIQL: EDAC's)."""
+
     def fit_normalizer(self, data: dict[str, np.ndarray]) -> None:
-        """Fit the observation statistics to the dataset's observations (and next observations, RIQL's way)."""
-        if not self.config.normalize_obs:
-            return
-        observations = data["observations"]
-        if self.config.obs_stats_with_next:
-            observations = np.concatenate([data["observations"], data["next_observations"]])
-        self.obs_norm.update(torch.as_tensor(observations))
+        """Fit the observation statistics to the dataset's observations."""
+        if self.config.normalize_obs:
+            self.obs_norm.update(torch.as_tensor(data["observations"]))
 
     def policy(self, obs: torch.Tensor, deterministic: bool) -> torch.Tensor:
         """Actions (B, A) for normalised observations: the policy's mean, or a sample."""
@@ -259,9 +217,7 @@ class IQL(nn.Module):
         return self.policy(self.obs_norm(obs), deterministic=True)
 
     def combine_targets(self, q_all: torch.Tensor) -> torch.Tensor:
-        """V's target from the target critics' values (E, B) -> (B,): their minimum, or their `quantile`."""
-        if self.config.q_target == "quantile":
-            return torch.quantile(q_all, self.config.quantile, dim=0)
+        """V's target from the target critics' values (E, B) -> (B,): their minimum."""
         return q_all.min(dim=0).values
 
     def update(self, batch: Batch) -> dict[str, torch.Tensor]:
@@ -295,19 +251,18 @@ class IQL(nn.Module):
         return value_loss, advantage.detach()
 
     def critic_loss(self, batch: Batch, next_v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Q's loss: one-step TD onto r + γ(1 − terminated) V(s'), no maximisation over actions; and the
-        critics' Q-values (E, B), detached."""
-        config = self.config
-        target = batch.rewards + batch.discounts * (1.0 - batch.terminated) * next_v
-        if config.target_clip is not None:
-            target = target.clamp(*config.target_clip)
+        """Q's loss: one-step TD onto the target, no maximisation over actions; and the critics' Q-values (E, B),
+        detached."""
         q = self.critic(batch.obs, batch.actions)[..., 0]  # (E, B)
-        target = target.expand_as(q)
-        if config.q_loss == "huber":
-            q_loss = F.smooth_l1_loss(q, target, beta=1.0 / config.huber_sigma**2)
-        else:
-            q_loss = F.mse_loss(q, target)
-        return q_loss, q.detach()
+        return self.regression_loss(q, self.td_target(batch, next_v).expand_as(q)), q.detach()
+
+    def td_target(self, batch: Batch, next_v: torch.Tensor) -> torch.Tensor:
+        """r + γ(1 − terminated) V(s') (B,)."""
+        return batch.rewards + batch.discounts * (1.0 - batch.terminated) * next_v
+
+    def regression_loss(self, q: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        """The mean squared error of every critic's Q (E, B) to the target."""
+        return F.mse_loss(q, target)
 
     def actor_loss(self, batch: Batch, advantage: torch.Tensor) -> torch.Tensor:
         """The actor's loss: advantage-weighted regression onto dataset actions (its learning rate follows a
@@ -320,75 +275,46 @@ class IQL(nn.Module):
             regression = -self.actor.log_prob(batch.obs, batch.actions)
         return (weights * regression).mean()
 
-    def training_state(self) -> dict:
-        """Networks, optimisers and the update counter: everything to continue training."""
-        return pack_training_state(self, self.optimizers, self.num_updates)
-
-    def load_training_state(self, state: dict) -> None:
-        self.num_updates = unpack_training_state(self, self.optimizers, state)
-
-    def save(self, path: str | os.PathLike) -> None:
-        """Save networks (observation statistics included) and config: tensors and plain values only."""
-        save_checkpoint(Path(path), {"algo": ALGO, "config": dataclasses.asdict(self.config), "obs_dim": self.obs_dim,
-                                     "networks": self.state_dict()})
-
-    @classmethod
-    def load(cls, path: str | os.PathLike, device: str = "cpu") -> IQL:
-        state = load_checkpoint(path, ALGO)
-        networks = state["networks"]
-        agent = cls(state["obs_dim"], networks["action_low"].numpy(), networks["action_high"].numpy(),
-                    IQLConfig(**state["config"]))
-        agent.load_state_dict(networks)
-        return agent.to(device)
-
 
 def evaluate(agent: IQL, env_id: str, episodes: int = 10, seed: int = 0,
              deterministic: bool = True) -> tuple[np.ndarray, np.ndarray]:
     """Returns and costs of `episodes` episodes of the agent's deterministic (or stochastic) policy."""
-    return evaluate_policy(lambda obs: agent.act(obs, deterministic=deterministic), env_id, episodes, seed)
+    return play_episodes(lambda obs: agent.act(obs, deterministic=deterministic), env_id, episodes, seed)
+
+
+def load_attacker(path: str) -> tuple[QFunction, Policy]:
+    """The critic and deterministic policy, on raw observations, of the IQL or RIQL agent saved at `path`
+    (--attack-model): what --corruption-mode adversarial perturbs the dataset against. As the RIQL paper attacks
+    every algorithm with one pre-trained agent's critic (EDAC's there), keelrl attacks with an IQL-family one."""
+    state = read_checkpoint(path, algo=None)
+    if state["algo"] not in ("iql", "riql"):
+        raise ValueError(f"--attack-model {path} is a {state['algo']!r} model; adversarial corruption attacks the critic "
+                         f"of an IQL or RIQL agent trained on the clean dataset (python -m keelrl.agents.iql).")
+    attacker = IQL.from_model_file(state).requires_grad_(False)  # RIQL's networks are IQL's
+    return attacker.attack_q, attacker.attack_policy
 
 
 def train(config: IQLConfig) -> TrainResult:
     """Train IQL for `config.total_updates` gradient updates on `config.dataset`."""
-    run = Run(config, ALGO, validate, total="total_updates", checkpoint_keys=("global_step", "agent", "rng", "sampler"))
+    run = Run(config, ALGO, validate, total="total_updates")
     config = run.config
-    q_function = policy = None  # of the agent an adversarial corruption attacks
-    if config.corruption is not None and config.attack_model is not None:
-        q_function, policy = load_attacker(config.attack_model)
-    data, summary = prepare_dataset(config, config.seed, q_function, policy)
-    env_id, references = summary["env_id"], summary["ref_scores"]
+    attacker = load_attacker(config.attack_model) if config.corruption and config.attack_model else (None, None)
+    data, summary = prepare_dataset(config, config.seed, *attacker)
+    env_id = summary["env_id"]
     observation_space, action_space = evaluation_spaces(data, env_id)
     agent = IQL(int(np.prod(observation_space.shape)), action_space.low, action_space.high, config)
     agent.fit_normalizer(data)
     agent.to(config.device)
     buffer = DatasetBuffer(data, config.gamma, config.device, seed=config.seed)
-    numpy_rng = np.random.default_rng(config.seed)  # the loop draws nothing from numpy; checkpoints keep its state
-    if run.resumed:
-        run.restore(agent, numpy_rng)
-        with run.restoring():
-            buffer.generator.set_state(run.checkpoint["sampler"])
-    run.open(env_id, files={"dataset.json": json.dumps(summary, indent=2)},  # logs start from the restored state
-             video=gym_video(env_id, lambda obs: agent.act(obs, deterministic=True), config.seed + 10_000))
-
-    def write_checkpoint() -> None:
-        run.save_checkpoint(agent, numpy_rng, sampler=buffer.generator.get_state())
-
-    def run_evaluation() -> tuple[np.ndarray, float]:
-        returns, costs = evaluate(agent, env_id, config.eval_episodes, config.seed + 10_000)
-        score = float("nan") if references is None else float(normalized_score(returns, *references).mean())
-        run.evaluation(returns, costs, {"eval/normalized_score": score})
-        return returns, score
-
+    eval_seed = config.seed + 10_000  # evaluation episode i is seeded eval_seed + i
+    run.start(env_id, agent, evaluate=lambda: evaluate(agent, env_id, config.eval_episodes, eval_seed),
+              state={"sampler": (buffer.generator.get_state, buffer.generator.set_state)},
+              reference_returns=summary["ref_scores"], files={"dataset.json": json.dumps(summary, indent=2)},
+              video=gym_video(env_id, lambda obs: agent.act(obs, deterministic=True), eval_seed))
     with run:
-        run.updates_began()  # every loop step updates
-        while not run.done:
-            losses = agent.update(buffer.sample(config.batch_size))
-            run.advance(1)
-            run.log(losses)
-            run.periodic(run_evaluation, write_checkpoint)
-        returns, score = run.finish(run_evaluation, write_checkpoint, agent.save)
-    run.report(returns, f"normalised score {score:.1f}; {run.loop_speed():.1f} updates/s")
-    return run.result(returns)
+        for _ in run.steps():
+            run.log(agent.update(buffer.sample(config.batch_size)))
+    return run.result()
 
 
 if __name__ == "__main__":

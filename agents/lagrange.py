@@ -1,4 +1,5 @@
-"""What SAC-Lag and TD3-Lag share: their options, the Lagrange multiplier and the Lagrangian actor loss.
+"""What SAC-Lag and TD3-Lag share: their options, the Lagrange multiplier, the cost critic and the Lagrangian
+actor loss.
 
 A constrained agent maximises the return subject to J_c = E[episode cost] <= d (`--cost-limit`):
     max_π min_{λ>=0}  J_r(π) − λ (J_c(π) − d).
@@ -8,7 +9,7 @@ A constrained agent maximises the return subject to J_c = E[episode cost] <= d (
 - λ >= 0 descends the loss −λ (J_c − d): it rises while episodes cost more than the limit and falls
   (down to 0) while they cost less. When it steps: once per batch of finished training episodes, i.e.
   after each vector-env step at which at least one training episode ended (the loops of sac_lag.py and
-  td3_lag.py call `observe_episode_costs`), and never otherwise: not per gradient update, not per epoch. J_c is the
+  td3_lag.py call `Multiplier.observe`), and never otherwise: not per gradient update, not per epoch. J_c is the
   mean undiscounted cost of the episodes that ended at that step (with --num-envs 1: the one episode's
   cost); each episode counts in exactly one step. λ steps from the first episode on, also while
   actions are still random (before --learning-starts), unless `--lambda-warmup` holds it back.
@@ -38,14 +39,19 @@ How this differs from OmniSafe (PKU-Alignment/omnisafe, read at commit 15603dd):
 
 from __future__ import annotations
 
+import copy
 import dataclasses
-from typing import Literal
+from collections.abc import Callable
+from typing import Any, Literal
 
+import numpy as np
 import torch
 from torch import nn
 
-from keelrl.agents.harness import require_non_negative
+from keelrl.agents.harness.options import require_non_negative
+from keelrl.buffers import Batch
 from keelrl.envs.safety import require_cost_task
+from keelrl.networks import build_critic, loss_function, make_optimizer, optimizer_step, soft_update
 
 
 @dataclasses.dataclass
@@ -78,21 +84,38 @@ def validate_lagrange(config: LagrangeOptions, agent: str) -> None:
     require_cost_task(config.env_id, config.env_backend, agent)
 
 
-class GradientMultiplier(nn.Module):
+class Multiplier(nn.Module):
+    """λ, the buffer `value`; `observe` is where it steps (`update`, by the rule of the subclass)."""
+
+    def __init__(self, cost_limit: float, init: float, warmup: int):
+        super().__init__()
+        self.cost_limit, self.warmup = cost_limit, warmup
+        self.register_buffer("value", torch.tensor(float(init)))
+
+    def observe(self, episode_costs: np.ndarray, global_step: int) -> None:
+        """One λ step on the mean undiscounted cost of the training episodes that ended at this vector-env step
+        (the only place λ changes), unless global_step <= the warm-up."""
+        if global_step > self.warmup:
+            self.update(float(np.mean(episode_costs)))
+
+    def update(self, episode_cost: float) -> None:
+        raise NotImplementedError
+
+
+class GradientMultiplier(Multiplier):
     """λ ← max(0, λ − lr ∂/∂λ[−λ (J_c − d)]) = max(0, λ + lr (J_c − d)), one plain gradient step (no
     torch optimiser, no upper bound) per `update` call; the agent calls it once per batch of finished
     training episodes with J_c their mean cost (see the module docstring, which also compares OmniSafe)."""
 
-    def __init__(self, cost_limit: float, lr: float, init: float):
-        super().__init__()
-        self.cost_limit, self.lr = cost_limit, lr
-        self.register_buffer("value", torch.tensor(float(init)))
+    def __init__(self, cost_limit: float, lr: float, init: float, warmup: int = 0):
+        super().__init__(cost_limit, init, warmup)
+        self.lr = lr
 
     def update(self, episode_cost: float) -> None:
         self.value.copy_((self.value + self.lr * (episode_cost - self.cost_limit)).clamp(min=0.0))
 
 
-class PIDMultiplier(nn.Module):
+class PIDMultiplier(Multiplier):
     """Stooke et al. 2020: per `update(J_c)` call, with e = J_c − d,
         I ← max(0, I + k_i e),   λ = max(0, k_p e + I + k_d max(0, J_c − J_c,previous)),
     I starting at lambda_init; J_c,previous is the J_c of the call before (no derivative term on the
@@ -108,10 +131,9 @@ class PIDMultiplier(nn.Module):
     k_p 1e-6, k_i 1e-7, k_d 1e-7) suit a step per environment step, not keelrl's per-episode steps.
     """
 
-    def __init__(self, cost_limit: float, kp: float, ki: float, kd: float, init: float):
-        super().__init__()
-        self.cost_limit, self.kp, self.ki, self.kd = cost_limit, kp, ki, kd
-        self.register_buffer("value", torch.tensor(float(init)))
+    def __init__(self, cost_limit: float, kp: float, ki: float, kd: float, init: float, warmup: int = 0):
+        super().__init__(cost_limit, init, warmup)
+        self.kp, self.ki, self.kd = kp, ki, kd
         self.register_buffer("integral", torch.tensor(float(init)))
         self.register_buffer("previous_cost", torch.tensor(float("nan")))  # NaN: no episode seen yet
 
@@ -123,10 +145,50 @@ class PIDMultiplier(nn.Module):
         self.previous_cost.fill_(episode_cost)
 
 
-def build_multiplier(config: LagrangeOptions) -> GradientMultiplier | PIDMultiplier:
+def build_multiplier(config: LagrangeOptions) -> Multiplier:
     if config.multiplier == "pid":
-        return PIDMultiplier(config.cost_limit, config.pid_kp, config.pid_ki, config.pid_kd, config.lambda_init)
-    return GradientMultiplier(config.cost_limit, config.lambda_lr, config.lambda_init)
+        return PIDMultiplier(config.cost_limit, config.pid_kp, config.pid_ki, config.pid_kd, config.lambda_init,
+                             config.lambda_warmup)
+    return GradientMultiplier(config.cost_limit, config.lambda_lr, config.lambda_init, config.lambda_warmup)
+
+
+class CostCritic(nn.Module):
+    """The cost critic a Lagrangian agent adds to its base: an ensemble with the reward critic's architecture and
+    one output per member, Q_c(s, a) (E, B), its Polyak-averaged target and its optimiser (learning rate `lr`).
+
+    Each `step` regresses every member onto c + γ(1 − terminated) Q_c,target(s', a'), the target's ensemble mean,
+    with a' from the agent's `next_actions(s')` (SAC-Lag: a' ~ π(·|s'); TD3-Lag: the smoothed target action),
+    then moves the target by τ."""
+
+    def __init__(self, config: Any, obs_dim: int, action_dim: int, lr: float):
+        super().__init__()
+        self.critic = build_critic(config, obs_dim, action_dim, num_outputs=1)
+        self.target = copy.deepcopy(self.critic).requires_grad_(False)
+        # the parameter lists Polyak averaging walks, gathered once (the tensors stay the same objects)
+        self.polyak_target, self.polyak_online = list(self.target.parameters()), list(self.critic.parameters())
+        self.optimizer = make_optimizer(list(self.critic.parameters()), config.optimizer, lr, config.weight_decay)
+        self.tau = config.tau
+        self._loss = loss_function(self.loss, config.precision, config.device, config.compile, config.cudagraphs)
+
+    def forward(self, obs: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
+        """The ensemble's mean cost value (B,): what the Lagrangian actor loss weighs by λ."""
+        return self.critic(obs, actions).squeeze(-1).mean(dim=0)  # (E, B, 1) -> (B,)
+
+    def loss(self, batch: Batch, next_actions: Callable[[torch.Tensor], torch.Tensor]
+             ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Every member's squared error against the target, summed, and the members' outputs (E, B)."""
+        with torch.no_grad():
+            next_cost_q = self.target(batch.next_obs, next_actions(batch.next_obs)).squeeze(-1).mean(dim=0)  # (B,)
+            target = batch.costs + batch.discounts * (1.0 - batch.terminated) * next_cost_q
+        cost_q = self.critic(batch.obs, batch.actions).squeeze(-1)  # (E, B, 1) -> (E, B)
+        return (cost_q - target).pow(2).mean(dim=1).sum(), cost_q.detach()
+
+    def step(self, batch: Batch, next_actions: Callable[[torch.Tensor], torch.Tensor]) -> dict[str, torch.Tensor]:
+        """One optimiser step of the members, then the target follows by Polyak averaging."""
+        cost_loss, cost_q = self._loss(batch, next_actions)
+        optimizer_step(self.optimizer, cost_loss, self.critic)
+        soft_update(self.polyak_target, self.polyak_online, self.tau)
+        return {"losses/cost_qf_loss": cost_loss.detach() / cost_q.shape[0], "losses/cost_qf_values": cost_q.mean()}
 
 
 def lagrangian_actor_loss(reward_loss: torch.Tensor, cost_q: torch.Tensor, lam: torch.Tensor) -> torch.Tensor:

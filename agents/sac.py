@@ -11,33 +11,29 @@ The algorithm, top to bottom:
 - the loop: uniform random actions for `learning_starts` steps, then the policy's; every environment
   step is stored in the replay buffer and followed by `utd` updates per environment.
 The networks come from keelrl.networks (NetworkOptions: MLP, SimBa or SimbaV2; scalar, C51 or HL-Gauss
-critic outputs), the replay buffer from keelrl.buffers, the run plumbing (logs, evaluation and checkpoint
-timing, resume) from agents/harness.py.
+critic outputs), the replay buffer from keelrl.buffers, the run plumbing (logs, evaluations, checkpoints,
+resume) from keelrl.agents.harness.
 """
 
 from __future__ import annotations
 
 import copy
 import dataclasses
-import os
-from pathlib import Path
-from typing import ClassVar, Literal
+from typing import Literal
 
 import numpy as np
 import torch
 from torch import nn
 
-from keelrl.agents.harness import (
-    Run,
+from keelrl.agents.harness.checkpoints import SavedAgent
+from keelrl.agents.harness.evaluation import play_episodes
+from keelrl.agents.harness.loop import Run, TrainResult
+from keelrl.agents.harness.options import (
     RunOptions,
-    TrainResult,
     apply_preset,
-    evaluate_policy,
-    load_checkpoint,
     require_non_negative,
     require_positive_counts,
     run_cli,
-    save_checkpoint,
     validate_run_options,
 )
 from keelrl.buffers import Batch, ReplayBuffer
@@ -56,11 +52,9 @@ from keelrl.networks import (
     loss_function,
     make_optimizer,
     optimizer_step,
-    pack_training_state,
     scale_learning_rates,
     soft_update,
     td_target,
-    unpack_training_state,
     validate_network_options,
 )
 from keelrl.networks.builders import MUJOCO_DISCOUNT, with_default_support
@@ -195,12 +189,12 @@ def resolve(config: SACConfig) -> SACConfig:
     return with_default_support(config, config.scale_rewards)
 
 
-class SAC(nn.Module):
-    """The SAC networks and update rule; takes raw observations (normalised inside when configured)."""
+class SAC(SavedAgent):
+    """The SAC networks and update rule; takes raw observations (normalised inside when configured). Saving and
+    loading (`save`, `SAC.load`) and the training state a checkpoint carries come from SavedAgent."""
 
-    algo: ClassVar[str] = ALGO
-    """the name saved with the model, which `load` checks"""
-    config_cls: ClassVar[type] = SACConfig
+    algo = ALGO
+    config_cls = SACConfig
 
     def __init__(self, obs_dim: int, action_low: np.ndarray, action_high: np.ndarray, config: SACConfig):
         super().__init__()
@@ -304,39 +298,16 @@ class SAC(nn.Module):
             losses["losses/alpha_loss"] = alpha_loss.detach()
         return losses
 
-    def training_state(self) -> dict:
-        """Networks, optimisers and the update counter: everything to continue training."""
-        return pack_training_state(self, self.optimizers, self.num_updates)
-
-    def load_training_state(self, state: dict) -> None:
-        self.num_updates = unpack_training_state(self, self.optimizers, state)
-
-    def save(self, path: str | os.PathLike) -> None:
-        """Save networks (observation statistics included) and config: tensors and plain values only."""
-        save_checkpoint(Path(path), {"algo": self.algo, "config": dataclasses.asdict(self.config), "obs_dim": self.obs_dim,
-                                     "networks": self.state_dict()})
-
-    @classmethod
-    def load(cls, path: str | os.PathLike, device: str = "cpu") -> SAC:
-        state = load_checkpoint(path, cls.algo)
-        networks = state["networks"]
-        agent = cls(state["obs_dim"], networks["action_low"].numpy(), networks["action_high"].numpy(),
-                    cls.config_cls(**state["config"]))
-        agent.load_state_dict(networks)
-        return agent.to(device)
-
 
 def evaluate(agent: SAC, env_id: str, episodes: int = 10, seed: int = 0,
              deterministic: bool = True) -> tuple[np.ndarray, np.ndarray]:
     """Returns and costs of `episodes` episodes of the agent's deterministic (or stochastic) policy."""
-    return evaluate_policy(lambda obs: agent.act(obs, deterministic=deterministic), env_id, episodes, seed)
+    return play_episodes(lambda obs: agent.act(obs, deterministic=deterministic), env_id, episodes, seed)
 
 
 def train(config: SACConfig) -> TrainResult:
     """Collect, update, log, evaluate and checkpoint until `total_timesteps` environment steps."""
-    if config.resume is None:
-        config = resolve(config)
-    run = Run(config, ALGO, validate, total="total_timesteps")
+    run = Run(resolve(config) if config.resume is None else config, ALGO, validate, total="total_timesteps")
     config = run.config
     # a resumed run starts fresh episodes: envs are reseeded from the step they resume at
     env = make_vec_env(config.env_id, config.num_envs, config.seed + run.step, config.env_backend)
@@ -347,53 +318,32 @@ def train(config: SACConfig) -> TrainResult:
     buffer = ReplayBuffer(config.buffer_size, (obs_dim,), low.shape, config.num_envs, config.device, config.n_step,
                           config.gamma, seed=config.seed)
     action_rng = np.random.default_rng(config.seed)
-    if run.resumed:
-        run.restore(agent, action_rng, replay=buffer)  # the interrupted episodes end where the checkpoint cut them
-        if agent.reward_scaler is not None:
-            agent.reward_scaler.reset_returns()
+    eval_seed = config.seed + 10_000  # evaluation episode i is seeded eval_seed + i
+    run.start(config.env_id, agent, evaluate=lambda: evaluate(agent, config.env_id, config.eval_episodes, eval_seed),
+              numpy_rng=action_rng, replay=buffer,
+              video=gym_video(config.env_id, lambda obs: agent.act(obs, deterministic=True), eval_seed))
+    if run.resumed and agent.reward_scaler is not None:
+        agent.reward_scaler.reset_returns()  # the return trace of the interrupted episodes
 
-    # after the restore: a damaged checkpoint fails before the logs are cut back to it
-    run.open(config.env_id, video=gym_video(config.env_id, lambda obs: agent.act(obs, deterministic=True),
-                                            config.seed + 10_000))
-
-    def write_checkpoint() -> None:
-        run.save_checkpoint(agent, action_rng, replay=buffer)
-
-    def run_evaluation() -> tuple[np.ndarray, np.ndarray]:
-        returns, costs = evaluate(agent, config.env_id, config.eval_episodes, config.seed + 10_000)
-        run.evaluation(returns, costs)
-        return returns, costs
-
-    losses = {}
     obs, _ = env.reset()
-    with run:
-        try:
-            while not run.done:
-                if config.normalize_obs:
-                    agent.obs_norm.update(torch.as_tensor(obs))
-                if run.step < config.learning_starts:
-                    actions = action_rng.uniform(low, high, (config.num_envs, *low.shape)).astype(np.float32)
-                else:
-                    actions = agent.act(obs)
-                with run.stepping_env(actions, config.num_envs):
-                    next_obs, rewards, terminated, truncated, info = env.step(actions)
-                buffer.add(obs, actions, rewards, info["final_obs"], terminated, truncated)
-                if agent.reward_scaler is not None:
-                    agent.reward_scaler.update(rewards, terminated | truncated)
-                obs = next_obs
-                run.advance(config.num_envs)
-                run.vector_episodes(info)
-                if run.step > config.learning_starts:
-                    run.updates_began()
-                    for _ in range(config.num_envs * config.utd):
-                        losses = agent.update(buffer.sample(config.batch_size))
-                run.log(losses)
-                run.periodic(run_evaluation, write_checkpoint)
-            returns, costs = run.finish(run_evaluation, write_checkpoint, agent.save)
-        finally:
-            env.close()
-    run.report(returns, f"steps/s: {run.loop_speed():.1f} overall, {run.update_speed():.1f} while updating")
-    return run.result(returns, costs)
+    with run, env:
+        for global_step in run.steps(config.num_envs):
+            if config.normalize_obs:
+                agent.obs_norm.update(torch.as_tensor(obs))
+            if global_step < config.learning_starts:
+                actions = action_rng.uniform(low, high, (config.num_envs, *low.shape)).astype(np.float32)
+            else:
+                actions = agent.act(obs)
+            next_obs, rewards, terminated, truncated, info = env.step(actions)
+            buffer.add(obs, actions, rewards, info["final_obs"], terminated, truncated)
+            if agent.reward_scaler is not None:
+                agent.reward_scaler.update(rewards, terminated | truncated)
+            obs = next_obs
+            run.record_episodes(info)
+            if global_step >= config.learning_starts:
+                for _ in range(config.num_envs * config.utd):
+                    run.log(agent.update(buffer.sample(config.batch_size)))
+    return run.result()
 
 
 if __name__ == "__main__":

@@ -19,37 +19,25 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import os
-from pathlib import Path
 
 import gymnasium as gym
 import numpy as np
 import torch
 import torch.nn.functional as F
-from torch import nn
 
-from keelrl.agents.harness import (
-    Run,
-    RunOptions,
-    TrainResult,
-    load_checkpoint,
-    run_cli,
-    save_checkpoint,
-    validate_run_options,
-)
+from keelrl.agents.harness.checkpoints import SavedStreamAgent
+from keelrl.agents.harness.loop import Run, TrainResult
+from keelrl.agents.harness.options import RunOptions, run_cli, validate_run_options
 from keelrl.envs.streaming_wrappers import (
     Transition,
     frozen_stream_env,
     load_stream_env_state,
-    space_from_dict,
-    space_to_dict,
     stream_env_for,
     stream_env_state,
     stream_returns_and_costs,
 )
 from keelrl.envs.video import VideoSource
 from keelrl.networks.streaming import ObGD, StreamMLP
-from keelrl.networks.training import pack_training_state, unpack_training_state
 
 __all__ = ["StreamAC", "StreamACConfig", "train", "evaluate"]
 
@@ -121,8 +109,11 @@ def as_tensor(obs: np.ndarray) -> torch.Tensor:
     return torch.as_tensor(obs, dtype=torch.float32)
 
 
-class StreamAC(nn.Module):
+class StreamAC(SavedStreamAgent):
     """A policy π(a|s) and a critic V(s), each a LayerNorm MLP stepped by its own ObGD."""
+
+    algo = ALGO
+    config_cls = StreamACConfig
 
     def __init__(self, obs_dim: int, action_space: gym.Space, config: StreamACConfig):
         super().__init__()
@@ -194,28 +185,6 @@ class StreamAC(nn.Module):
         for optimizer in self.optimizers.values():
             optimizer.reset_trace()
 
-    def training_state(self) -> dict:
-        """Networks, optimisers and the update counter: everything to continue training."""
-        return pack_training_state(self, self.optimizers, self.num_updates)
-
-    def load_training_state(self, state: dict) -> None:
-        self.num_updates = unpack_training_state(self, self.optimizers, state)
-
-    def save(self, path: str | os.PathLike) -> None:
-        """Networks, config, action space and env statistics: tensors and plain values only."""
-        save_checkpoint(Path(path), {"algo": ALGO, "config": dataclasses.asdict(self.config), "obs_dim": self.obs_dim,
-                                     "action_space": space_to_dict(self.action_space), "networks": self.state_dict(),
-                                     "env_state": self.env_state})
-
-    @classmethod
-    def load(cls, path: str | os.PathLike) -> StreamAC:
-        state = load_checkpoint(path, ALGO)
-        config = StreamACConfig(**{**state["config"], "hidden_sizes": tuple(state["config"]["hidden_sizes"])})
-        agent = cls(state["obs_dim"], space_from_dict(state["action_space"]), config)
-        agent.load_state_dict(state["networks"])
-        agent.env_state = state["env_state"]
-        return agent
-
 
 def evaluate(agent: StreamAC, env_id: str, episodes: int = 10, seed: int = 0,
              deterministic: bool = True) -> tuple[np.ndarray, np.ndarray]:
@@ -233,52 +202,38 @@ def train(config: StreamACConfig) -> TrainResult:
     traces, the reward scaler's return trace and the time feature start from zero, as after any
     episode end. The normalisers' statistics and adaptive ObGD's second moments carry on.
     """
-    run = Run(config, ALGO, validate, total="total_timesteps", checkpoint_keys=("global_step", "agent", "env", "rng"))
+    run = Run(config, ALGO, validate, total="total_timesteps")
     config = run.config
     with stream_env_for(config) as env:
         check_action_space(env.unwrapped.action_space, config.env_id)
         agent = StreamAC(env.observation_space.shape[0], env.unwrapped.action_space, config)
-        if run.resumed:
-            run.restore(agent, agent.rng)
-            with run.restoring():
-                load_stream_env_state(env, run.checkpoint["env"])
-        # a new run gets its directory once the env and agent are known to work; videos film the evaluation env
-        run.open(config.env_id, video=VideoSource(
-            lambda: frozen_stream_env(stream_env_for(config, rendering=True), agent.env_state),
-            lambda obs: agent.act(obs, deterministic=True), config.seed + 10_000))
+        eval_seed = config.seed + 10_000  # evaluation episode i is seeded eval_seed + i
 
         def evaluate_now() -> tuple[np.ndarray, np.ndarray]:
+            """Evaluate on the statistics the agent learnt so far (also what model.pt keeps)."""
             agent.env_state = stream_env_state(env)
-            returns, costs = evaluate(agent, config.env_id, config.eval_episodes, config.seed + 10_000)
-            run.evaluation(returns, costs)
-            return returns, costs
+            return evaluate(agent, config.env_id, config.eval_episodes, eval_seed)
 
-        def checkpoint() -> None:
-            run.save_checkpoint(agent, agent.rng, env=stream_env_state(env))
-
+        run.start(config.env_id, agent, evaluate_now, numpy_rng=agent.rng,
+                  state={"env": (lambda: stream_env_state(env), lambda saved: load_stream_env_state(env, saved))},
+                  video=VideoSource(lambda: frozen_stream_env(stream_env_for(config, rendering=True), agent.env_state),
+                                    lambda obs: agent.act(obs, deterministic=True), eval_seed))
+        obs, _ = env.reset(seed=config.seed + run.step)
+        agent.start_episode()  # a checkpoint's mid-episode trace does not belong to this new episode
+        episode_cost = 0.0
         with run:
-            obs, _ = env.reset(seed=config.seed + run.step)
-            agent.start_episode()  # a checkpoint's mid-episode traces do not belong to this new episode
-            episode_cost = 0.0
-            run.updates_began()  # every loop step updates
-            while not run.done:
+            for _ in run.steps():
                 action = agent.act(obs)
-                with run.stepping_env(action):  # a NaN or inf from the agent or the env stops the run here
-                    next_obs, reward, terminated, truncated, info = env.step(action)
+                next_obs, reward, terminated, truncated, info = env.step(action)
                 episode_end = terminated or truncated
-                losses = agent.update(Transition(obs, action, float(reward), next_obs, terminated, episode_end))
-                run.advance(1)
-                run.log(losses)
+                run.log(agent.update(Transition(obs, action, float(reward), next_obs, terminated, episode_end)))
                 obs = next_obs
                 episode_cost += info.get("cost", 0.0)
                 if episode_end:
-                    run.episode(info["episode"]["r"], int(info["episode"]["l"]), episode_cost)
+                    run.record_episode(info["episode"]["r"], int(info["episode"]["l"]), episode_cost)
                     obs, _ = env.reset()
                     episode_cost = 0.0
-                run.periodic(evaluate_now, checkpoint)
-            returns, costs = run.finish(evaluate_now, checkpoint, agent.save)
-    run.report(returns, f"steps/s: {run.loop_speed():.1f}")
-    return run.result(returns, costs)
+    return run.result()
 
 
 if __name__ == "__main__":

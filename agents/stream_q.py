@@ -18,23 +18,14 @@ few dozen small kernel launches.
 from __future__ import annotations
 
 import dataclasses
-import os
-from pathlib import Path
 
 import gymnasium as gym
 import numpy as np
 import torch
-from torch import nn
 
-from keelrl.agents.harness import (
-    Run,
-    RunOptions,
-    TrainResult,
-    load_checkpoint,
-    run_cli,
-    save_checkpoint,
-    validate_run_options,
-)
+from keelrl.agents.harness.checkpoints import SavedStreamAgent
+from keelrl.agents.harness.loop import Run, TrainResult
+from keelrl.agents.harness.options import RunOptions, run_cli, validate_run_options
 from keelrl.envs.streaming_wrappers import (
     Transition,
     frozen_stream_env,
@@ -45,7 +36,6 @@ from keelrl.envs.streaming_wrappers import (
 )
 from keelrl.envs.video import VideoSource
 from keelrl.networks.streaming import ObGD, StreamMLP
-from keelrl.networks.training import pack_training_state, unpack_training_state
 
 __all__ = ["StreamQ", "StreamQConfig", "train", "evaluate"]
 
@@ -119,9 +109,12 @@ def as_tensor(obs: np.ndarray) -> torch.Tensor:
     return torch.as_tensor(obs, dtype=torch.float32)
 
 
-class StreamQ(nn.Module):
+class StreamQ(SavedStreamAgent):
     """An action-value network Q(s, ·), a LayerNorm MLP stepped by ObGD with Watkins's traces, and
     the ε-greedy behaviour it learns from."""
+
+    algo = ALGO
+    config_cls = StreamQConfig
 
     def __init__(self, obs_dim: int, action_space: gym.Space, config: StreamQConfig):
         super().__init__()
@@ -174,28 +167,6 @@ class StreamQ(nn.Module):
         calls this when a resumed run restarts its env mid-episode)."""
         self.optimizers["q_network"].reset_trace()
 
-    def training_state(self) -> dict:
-        """Networks, optimisers and the update counter: everything to continue training."""
-        return pack_training_state(self, self.optimizers, self.num_updates)
-
-    def load_training_state(self, state: dict) -> None:
-        self.num_updates = unpack_training_state(self, self.optimizers, state)
-
-    def save(self, path: str | os.PathLike) -> None:
-        """Network, config, action space and env statistics: tensors and plain values only."""
-        save_checkpoint(Path(path), {"algo": ALGO, "config": dataclasses.asdict(self.config), "obs_dim": self.obs_dim,
-                                     "action_space": {"n": self.num_actions}, "networks": self.state_dict(),
-                                     "env_state": self.env_state})
-
-    @classmethod
-    def load(cls, path: str | os.PathLike) -> StreamQ:
-        state = load_checkpoint(path, ALGO)
-        config = StreamQConfig(**{**state["config"], "hidden_sizes": tuple(state["config"]["hidden_sizes"])})
-        agent = cls(state["obs_dim"], gym.spaces.Discrete(state["action_space"]["n"]), config)
-        agent.load_state_dict(state["networks"])
-        agent.env_state = state["env_state"]
-        return agent
-
 
 def evaluate(agent: StreamQ, env_id: str, episodes: int = 10, seed: int = 0,
              deterministic: bool = True) -> tuple[np.ndarray, np.ndarray]:
@@ -212,52 +183,38 @@ def train(config: StreamQConfig) -> TrainResult:
     trace, the reward scaler's return trace and the time feature start from zero, as after any
     episode end. The normalisers' statistics, adaptive ObGD's second moments and ε carry on.
     """
-    run = Run(config, ALGO, validate, total="total_timesteps", checkpoint_keys=("global_step", "agent", "env", "rng"))
+    run = Run(config, ALGO, validate, total="total_timesteps")
     config = run.config
     with stream_env_for(config) as env:
         check_action_space(env.unwrapped.action_space, config.env_id)
         agent = StreamQ(env.observation_space.shape[0], env.unwrapped.action_space, config)
-        if run.resumed:
-            run.restore(agent, agent.rng)
-            with run.restoring():
-                load_stream_env_state(env, run.checkpoint["env"])
-        # a new run gets its directory once the env and agent are known to work; videos film the evaluation env
-        run.open(config.env_id, video=VideoSource(
-            lambda: frozen_stream_env(stream_env_for(config, rendering=True), agent.env_state),
-            lambda obs: agent.act(obs, deterministic=True), config.seed + 10_000))
+        eval_seed = config.seed + 10_000  # evaluation episode i is seeded eval_seed + i
 
         def evaluate_now() -> tuple[np.ndarray, np.ndarray]:
+            """Evaluate on the statistics the agent learnt so far (also what model.pt keeps)."""
             agent.env_state = stream_env_state(env)
-            returns, costs = evaluate(agent, config.env_id, config.eval_episodes, config.seed + 10_000)
-            run.evaluation(returns, costs)
-            return returns, costs
+            return evaluate(agent, config.env_id, config.eval_episodes, eval_seed)
 
-        def checkpoint() -> None:
-            run.save_checkpoint(agent, agent.rng, env=stream_env_state(env))
-
+        run.start(config.env_id, agent, evaluate_now, numpy_rng=agent.rng,
+                  state={"env": (lambda: stream_env_state(env), lambda saved: load_stream_env_state(env, saved))},
+                  video=VideoSource(lambda: frozen_stream_env(stream_env_for(config, rendering=True), agent.env_state),
+                                    lambda obs: agent.act(obs, deterministic=True), eval_seed))
+        obs, _ = env.reset(seed=config.seed + run.step)
+        agent.start_episode()  # a checkpoint's mid-episode trace does not belong to this new episode
+        episode_cost = 0.0
         with run:
-            obs, _ = env.reset(seed=config.seed + run.step)
-            agent.start_episode()  # a checkpoint's mid-episode trace does not belong to this new episode
-            episode_cost = 0.0
-            run.updates_began()  # every loop step updates
-            while not run.done:
+            for _ in run.steps():
                 action = agent.act(obs)
-                with run.stepping_env(action):  # a NaN or inf from the agent or the env stops the run here
-                    next_obs, reward, terminated, truncated, info = env.step(action)
+                next_obs, reward, terminated, truncated, info = env.step(action)
                 episode_end = terminated or truncated
-                losses = agent.update(Transition(obs, action, float(reward), next_obs, terminated, episode_end))
-                run.advance(1)
-                run.log(losses)
+                run.log(agent.update(Transition(obs, action, float(reward), next_obs, terminated, episode_end)))
                 obs = next_obs
                 episode_cost += info.get("cost", 0.0)
                 if episode_end:
-                    run.episode(info["episode"]["r"], int(info["episode"]["l"]), episode_cost)
+                    run.record_episode(info["episode"]["r"], int(info["episode"]["l"]), episode_cost)
                     obs, _ = env.reset()
                     episode_cost = 0.0
-                run.periodic(evaluate_now, checkpoint)
-            returns, costs = run.finish(evaluate_now, checkpoint, agent.save)
-    run.report(returns, f"steps/s: {run.loop_speed():.1f}")
-    return run.result(returns, costs)
+    return run.result()
 
 
 if __name__ == "__main__":

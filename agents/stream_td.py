@@ -18,31 +18,21 @@ appended by the env wrappers (envs/streaming_wrappers.py), as for the control ag
 from __future__ import annotations
 
 import dataclasses
-import os
 from pathlib import Path
 
 import gymnasium as gym
 import numpy as np
 import torch
-from torch import nn
 
-from keelrl.agents.harness import (
-    Run,
-    RunOptions,
-    TrainResult,
-    load_checkpoint,
-    run_cli,
-    save_checkpoint,
-    validate_run_options,
-)
+from keelrl.agents.harness.checkpoints import SavedStreamAgent
+from keelrl.agents.harness.loop import Run, TrainResult
+from keelrl.agents.harness.options import RunOptions, run_cli, validate_run_options
 from keelrl.agents.stream_ac import StreamAC
 from keelrl.agents.stream_q import StreamQ
 from keelrl.envs.streaming_wrappers import (
     Transition,
     frozen_stream_env,
     load_stream_env_state,
-    space_from_dict,
-    space_to_dict,
     stream_env_for,
     stream_env_state,
     stream_episodes,
@@ -51,7 +41,6 @@ from keelrl.envs.streaming_wrappers import (
 )
 from keelrl.envs.video import VideoSource
 from keelrl.networks.streaming import ObGD, StreamMLP
-from keelrl.networks.training import pack_training_state, unpack_training_state
 
 __all__ = ["StreamTD", "StreamTDConfig", "train", "evaluate", "value_error", "monte_carlo_errors"]
 
@@ -158,8 +147,11 @@ def as_tensor(obs: np.ndarray) -> torch.Tensor:
     return torch.as_tensor(obs, dtype=torch.float32)
 
 
-class StreamTD(nn.Module):
+class StreamTD(SavedStreamAgent):
     """A value network V(s), a LayerNorm MLP stepped by ObGD, and the policy it evaluates."""
+
+    algo = ALGO
+    config_cls = StreamTDConfig
 
     def __init__(self, obs_dim: int, action_space: gym.Space, config: StreamTDConfig):
         super().__init__()
@@ -227,28 +219,6 @@ class StreamTD(nn.Module):
         self.optimizers["critic"].reset_trace()
         self.episode_values, self.episode_rewards = [], []
 
-    def training_state(self) -> dict:
-        """Networks, optimisers and the update counter: everything to continue training."""
-        return pack_training_state(self, self.optimizers, self.num_updates)
-
-    def load_training_state(self, state: dict) -> None:
-        self.num_updates = unpack_training_state(self, self.optimizers, state)
-
-    def save(self, path: str | os.PathLike) -> None:
-        """Value network (and a loaded policy's networks), config, action space and env statistics."""
-        save_checkpoint(Path(path), {"algo": ALGO, "config": dataclasses.asdict(self.config), "obs_dim": self.obs_dim,
-                                     "action_space": space_to_dict(self.action_space), "networks": self.state_dict(),
-                                     "env_state": self.env_state})
-
-    @classmethod
-    def load(cls, path: str | os.PathLike) -> StreamTD:
-        state = load_checkpoint(path, ALGO)
-        config = StreamTDConfig(**{**state["config"], "hidden_sizes": tuple(state["config"]["hidden_sizes"])})
-        agent = cls(state["obs_dim"], space_from_dict(state["action_space"]), config)
-        agent.load_state_dict(state["networks"])
-        agent.env_state = state["env_state"]
-        return agent
-
 
 def use_policy_statistics(env: gym.Env, agent: StreamTD) -> None:
     """A loaded policy sees observations as it was trained on them: its normaliser statistics, frozen."""
@@ -301,54 +271,44 @@ def train(config: StreamTDConfig) -> TrainResult:
     from zero, as after any episode end. The normalisers' statistics and adaptive ObGD's second
     moments carry on.
     """
-    run = Run(config, ALGO, validate, total="total_timesteps", checkpoint_keys=("global_step", "agent", "env", "rng"))
+    run = Run(config, ALGO, validate, total="total_timesteps")
     config = run.config
     with stream_env_for(config) as env:
         check_action_space(env.unwrapped.action_space, config.env_id)
         agent = StreamTD(env.observation_space.shape[0], env.unwrapped.action_space, config)
         if agent.policy is not None:
             use_policy_statistics(env, agent)
-        if run.resumed:
-            run.restore(agent, agent.rng)
-            with run.restoring():
-                load_stream_env_state(env, run.checkpoint["env"])
-        # a new run gets its directory once the env and agent are known to work; videos film the evaluation env
-        run.open(config.env_id, video=VideoSource(
-            lambda: frozen_stream_env(stream_env_for(config, rendering=True), agent.env_state),
-            lambda obs: agent.act(obs, deterministic=True), config.seed + 10_000))
+        value_rmses = []  # of every evaluation
+        eval_seed = config.seed + 10_000  # evaluation episode i is seeded eval_seed + i
 
-        def evaluate_now() -> tuple[np.ndarray, np.ndarray, float]:
+        def evaluate_now() -> tuple[np.ndarray, np.ndarray]:
+            """Evaluate on the statistics the agent learnt so far (also what model.pt keeps)."""
             agent.env_state = stream_env_state(env)
-            returns, costs, value_rmse = value_error(agent, config.env_id, config.eval_episodes, config.seed + 10_000)
-            run.evaluation(returns, costs, {"eval/value_rmse": value_rmse})
-            return returns, costs, value_rmse
+            returns, costs, value_rmse = value_error(agent, config.env_id, config.eval_episodes, eval_seed)
+            run.logger.scalars({"eval/value_rmse": value_rmse}, run.step)
+            value_rmses.append(value_rmse)
+            return returns, costs
 
-        def checkpoint() -> None:
-            run.save_checkpoint(agent, agent.rng, env=stream_env_state(env))
-
+        run.start(config.env_id, agent, evaluate_now, numpy_rng=agent.rng,
+                  state={"env": (lambda: stream_env_state(env), lambda saved: load_stream_env_state(env, saved))},
+                  video=VideoSource(lambda: frozen_stream_env(stream_env_for(config, rendering=True), agent.env_state),
+                                    lambda obs: agent.act(obs, deterministic=True), eval_seed))
+        obs, _ = env.reset(seed=config.seed + run.step)
+        agent.start_episode()  # a checkpoint's mid-episode trace does not belong to this new episode
+        episode_cost = 0.0
         with run:
-            obs, _ = env.reset(seed=config.seed + run.step)
-            agent.start_episode()  # a checkpoint's mid-episode trace does not belong to this new episode
-            episode_cost = 0.0
-            run.updates_began()  # every loop step updates
-            while not run.done:
+            for _ in run.steps():
                 action = agent.act(obs)
-                with run.stepping_env(action):  # a NaN or inf from the agent or the env stops the run here
-                    next_obs, reward, terminated, truncated, info = env.step(action)
+                next_obs, reward, terminated, truncated, info = env.step(action)
                 episode_end = terminated or truncated
-                losses = agent.update(Transition(obs, action, float(reward), next_obs, terminated, episode_end))
-                run.advance(1)
-                run.log(losses)
+                run.log(agent.update(Transition(obs, action, float(reward), next_obs, terminated, episode_end)))
                 obs = next_obs
                 episode_cost += info.get("cost", 0.0)
                 if episode_end:
-                    run.episode(info["episode"]["r"], int(info["episode"]["l"]), episode_cost)
+                    run.record_episode(info["episode"]["r"], int(info["episode"]["l"]), episode_cost)
                     obs, _ = env.reset()
                     episode_cost = 0.0
-                run.periodic(evaluate_now, checkpoint)
-            returns, costs, value_rmse = run.finish(evaluate_now, checkpoint, agent.save)
-    run.report(returns, f"final eval/value_rmse: {value_rmse:.4f}", f"steps/s: {run.loop_speed():.1f}")
-    return run.result(returns, costs)
+    return run.result(f"final eval/value_rmse: {value_rmses[-1]:.4f}")
 
 
 if __name__ == "__main__":

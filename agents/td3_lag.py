@@ -17,20 +17,20 @@ The task must report `info["cost"]` (keelrl/Safe*Velocity-v1, or an env in keelr
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 
 import numpy as np
 import torch
 
-from keelrl.agents.harness import Run, TrainResult, run_cli
-from keelrl.agents.lagrange import LagrangeOptions, build_multiplier, lagrangian_actor_loss, validate_lagrange
+from keelrl.agents.harness.loop import Run, TrainResult
+from keelrl.agents.harness.options import run_cli
+from keelrl.agents.lagrange import CostCritic, LagrangeOptions, build_multiplier, lagrangian_actor_loss, validate_lagrange
 from keelrl.agents.td3 import TD3, TD3Config, evaluate, resolve
 from keelrl.agents.td3 import validate as validate_td3
 from keelrl.buffers import Batch, ReplayBuffer
 from keelrl.envs import make_vec_env, require_box_actions
 from keelrl.envs.video import gym_video
-from keelrl.networks import build_critic, frozen, loss_function, make_optimizer, optimizer_step, soft_update
+from keelrl.networks import frozen
 
 ALGO = "td3_lag"
 __all__ = ["TD3Lag", "TD3LagConfig", "train", "evaluate"]
@@ -55,70 +55,36 @@ class TD3Lag(TD3):
 
     def __init__(self, obs_dim: int, action_low: np.ndarray, action_high: np.ndarray, config: TD3LagConfig):
         super().__init__(obs_dim, action_low, action_high, config)  # TD3's networks and optimisers
-        # the cost critic: the reward critic's architecture with one scalar output per member, its own target
-        self.cost_critic = build_critic(config, obs_dim, len(action_low), num_outputs=1)
-        self.cost_critic_target = copy.deepcopy(self.cost_critic).requires_grad_(False)
-        self.cost_polyak_target = list(self.cost_critic_target.parameters())
-        self.cost_polyak_online = list(self.cost_critic.parameters())
+        self.cost = CostCritic(config, obs_dim, len(action_low), config.learning_rate)
+        self.optimizers["cost_critic"] = self.cost.optimizer
         self.lagrange = build_multiplier(config)
-        self.optimizers["cost_critic"] = make_optimizer(list(self.cost_critic.parameters()), config.optimizer,
-                                                        config.learning_rate, config.weight_decay)
-        self._cost_critic_loss = loss_function(self.cost_critic_loss, config.precision, config.device,
-                                               config.compile, config.cudagraphs)
 
     @property
     def lagrange_multiplier(self) -> torch.Tensor:
         return self.lagrange.value
 
-    def observe_episode_costs(self, episode_costs: np.ndarray, global_step: int) -> None:
-        """One λ step on the mean undiscounted cost of the training episodes that ended at this vector-env
-        step (the only place λ changes), unless global_step <= lambda_warmup."""
-        if global_step > self.config.lambda_warmup:
-            self.lagrange.update(float(np.mean(episode_costs)))
-
     def learn(self, batch: Batch) -> dict[str, torch.Tensor]:
         """TD3's update (with the Lagrangian actor loss below), then one cost critic step on freshly smoothed
         target actions."""
         losses = super().learn(batch)
-        losses.update(self.cost_critic_step(batch))
-        return losses
+        losses.update(self.cost.step(batch, self.smoothed_target_actions))
+        return {**losses, "losses/lagrange_multiplier": self.lagrange.value.clone()}
 
     def actor_loss(self, obs: torch.Tensor) -> torch.Tensor:
-        """(−Q1(s, π(s)) + λ Q_c(s, π(s))) / (1 + λ): the first reward critic, as in the TD3 paper."""
+        """(−Q1_r(s, π(s)) + λ Q_c(s, π(s))) / (1 + λ): the first reward critic, as in the TD3 paper."""
         actions = self.actor(obs)
-        q1 = self.first_critic_value(obs, actions)
-        cost_q = self.cost_critic(obs, actions).squeeze(-1).mean(dim=0)  # (E, B, 1) -> (B,): the ensemble's mean
-        return lagrangian_actor_loss(-q1, cost_q, self.lagrange_multiplier)
+        return lagrangian_actor_loss(-self.first_critic_value(obs, actions), self.cost(obs, actions),
+                                     self.lagrange_multiplier)
 
     def update_actor(self, obs: torch.Tensor) -> dict[str, torch.Tensor]:
-        with frozen(self.cost_critic):  # the actor loss needs gradients w.r.t. actions only
+        with frozen(self.cost):  # the actor loss needs gradients w.r.t. actions only
             return super().update_actor(obs)
-
-    def cost_critic_loss(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
-        """Every cost critic's squared error against c + γ(1 − terminated) Q_c,target(s', ã'), ã' the smoothed
-        target action, summed, and the cost critics' outputs (E, B)."""
-        with torch.no_grad():
-            next_actions = self.smoothed_target_actions(batch.next_obs)  # the target actor after this update's step
-            next_cost_q = self.cost_critic_target(batch.next_obs, next_actions).squeeze(-1).mean(dim=0)  # (B,)
-            target = batch.costs + batch.discounts * (1.0 - batch.terminated) * next_cost_q
-        cost_q = self.cost_critic(batch.obs, batch.actions).squeeze(-1)  # (E, B, 1) -> (E, B)
-        return (cost_q - target).pow(2).mean(dim=1).sum(), cost_q.detach()
-
-    def cost_critic_step(self, batch: Batch) -> dict[str, torch.Tensor]:
-        """One optimiser step of the cost critics, then their targets follow by Polyak averaging."""
-        cost_loss, cost_q = self._cost_critic_loss(batch)
-        optimizer_step(self.optimizers["cost_critic"], cost_loss, self.cost_critic)
-        soft_update(self.cost_polyak_target, self.cost_polyak_online, self.config.tau)
-        return {"losses/cost_qf_loss": cost_loss.detach() / cost_q.shape[0], "losses/cost_qf_values": cost_q.mean(),
-                "losses/lagrange_multiplier": self.lagrange.value.clone()}
 
 
 def train(config: TD3LagConfig) -> TrainResult:
     """TD3's loop with costs: stored per step, fed to λ per batch of finished episodes; the final evaluation
     cost is reported beside the limit."""
-    if config.resume is None:
-        config = resolve(config)
-    run = Run(config, ALGO, validate, total="total_timesteps")
+    run = Run(resolve(config) if config.resume is None else config, ALGO, validate, total="total_timesteps")
     config = run.config
     env = make_vec_env(config.env_id, config.num_envs, config.seed + run.step, config.env_backend)
     require_box_actions(env, "TD3-Lag")
@@ -128,58 +94,37 @@ def train(config: TD3LagConfig) -> TrainResult:
     buffer = ReplayBuffer(config.buffer_size, (obs_dim,), low.shape, config.num_envs, config.device, config.n_step,
                           config.gamma, store_cost=True, seed=config.seed)
     action_rng = np.random.default_rng(config.seed)
-    if run.resumed:
-        run.restore(agent, action_rng, replay=buffer)  # the interrupted episodes end where the checkpoint cut them
-        if agent.reward_scaler is not None:
-            agent.reward_scaler.reset_returns()
+    eval_seed = config.seed + 10_000  # evaluation episode i is seeded eval_seed + i
+    run.start(config.env_id, agent, evaluate=lambda: evaluate(agent, config.env_id, config.eval_episodes, eval_seed),
+              numpy_rng=action_rng, replay=buffer,
+              video=gym_video(config.env_id, lambda obs: agent.act(obs, deterministic=True), eval_seed))
+    if run.resumed and agent.reward_scaler is not None:
+        agent.reward_scaler.reset_returns()  # the return trace of the interrupted episodes
 
-    # after the restore: a damaged checkpoint fails before the logs are cut back to it
-    run.open(config.env_id, video=gym_video(config.env_id, lambda obs: agent.act(obs, deterministic=True),
-                                            config.seed + 10_000))
-
-    def write_checkpoint() -> None:
-        run.save_checkpoint(agent, action_rng, replay=buffer)
-
-    def run_evaluation() -> tuple[np.ndarray, np.ndarray]:
-        returns, costs = evaluate(agent, config.env_id, config.eval_episodes, config.seed + 10_000)
-        run.evaluation(returns, costs)
-        return returns, costs
-
-    losses = {}
     obs, _ = env.reset()
-    with run:
-        try:
-            while not run.done:
-                if config.normalize_obs:
-                    agent.obs_norm.update(torch.as_tensor(obs))
-                if run.step < config.learning_starts:
-                    actions = action_rng.uniform(low, high, (config.num_envs, *low.shape)).astype(np.float32)
-                else:
-                    actions = agent.act(obs)
-                with run.stepping_env(actions, config.num_envs):
-                    next_obs, rewards, terminated, truncated, info = env.step(actions)
-                buffer.add(obs, actions, rewards, info["final_obs"], terminated, truncated, info["cost"])
-                if agent.reward_scaler is not None:
-                    agent.reward_scaler.update(rewards, terminated | truncated)
-                obs = next_obs
-                run.advance(config.num_envs)
-                episode_costs = run.vector_episodes(info)
-                if len(episode_costs):
-                    agent.observe_episode_costs(episode_costs, run.step)
-                if run.step > config.learning_starts:
-                    run.updates_began()
-                    for _ in range(config.num_envs * config.utd):
-                        losses = agent.update(buffer.sample(config.batch_size))
-                run.log(losses)
-                run.periodic(run_evaluation, write_checkpoint)
-            returns, costs = run.finish(run_evaluation, write_checkpoint, agent.save)
-        finally:
-            env.close()
+    with run, env:
+        for global_step in run.steps(config.num_envs):
+            if config.normalize_obs:
+                agent.obs_norm.update(torch.as_tensor(obs))
+            if global_step < config.learning_starts:
+                actions = action_rng.uniform(low, high, (config.num_envs, *low.shape)).astype(np.float32)
+            else:
+                actions = agent.act(obs)
+            next_obs, rewards, terminated, truncated, info = env.step(actions)
+            buffer.add(obs, actions, rewards, info["final_obs"], terminated, truncated, info["cost"])
+            if agent.reward_scaler is not None:
+                agent.reward_scaler.update(rewards, terminated | truncated)
+            obs = next_obs
+            episode_costs = run.record_episodes(info)
+            if len(episode_costs):
+                agent.lagrange.observe(episode_costs, run.step)
+            if global_step >= config.learning_starts:
+                for _ in range(config.num_envs * config.utd):
+                    run.log(agent.update(buffer.sample(config.batch_size)))
+    costs = run.final_evaluation[1]
     verdict = "met" if costs.mean() <= config.cost_limit else "NOT met"
-    run.report(returns, f"steps/s: {run.loop_speed():.1f} overall, {run.update_speed():.1f} while updating",
-               f"final evaluation cost over {len(costs)} episodes: {costs.mean():.1f} ± {costs.std():.1f} "
-               f"(cost limit {config.cost_limit:g}: {verdict})")
-    return run.result(returns, costs)
+    return run.result(f"final evaluation cost over {len(costs)} episodes: {costs.mean():.1f} ± {costs.std():.1f} "
+                      f"(cost limit {config.cost_limit:g}: {verdict})")
 
 
 if __name__ == "__main__":

@@ -60,8 +60,9 @@ from typing import Annotated, Any
 
 import tyro
 
-from keelrl.agents.harness import RunOptions, agent_module
-from keelrl.agents.stopping import STOPPED_CODES, signal_name
+from keelrl.agents.harness.options import RunOptions
+from keelrl.agents.harness.stopping import STOPPED_CODES, signal_name
+from keelrl.agents.registry import agent_module
 from keelrl.benchmarks.aggregate import CONFIG_FILE, RunResult, read_run_figures
 
 try:

@@ -41,10 +41,12 @@ from typing import Literal
 import numpy as np
 import torch
 
-from keelrl.agents.harness import CHECKPOINT_FILE, evaluate_policy, progress_bar
+from keelrl.agents.harness.checkpoints import CHECKPOINT_FILE
+from keelrl.agents.harness.evaluation import play_episodes
+from keelrl.agents.harness.logs import progress_bar
 from keelrl.agents.sac import SAC, SACConfig
 from keelrl.agents.sac import train as train_sac
-from keelrl.agents.stopping import RunStopped
+from keelrl.agents.harness.stopping import RunStopped
 from keelrl.buffers.offline import (
     D4RL_REF_SCORES,
     default_data_path,
@@ -294,12 +296,12 @@ class DatasetMaker:
             refs = json.loads(path.read_text())
             return refs["ref_min_score"], refs["ref_max_score"]
         config = self.config
-        random_returns, _ = evaluate_policy(uniform_policy(config.env_id, config.seed), config.env_id,
+        random_returns, _ = play_episodes(uniform_policy(config.env_id, config.seed), config.env_id,
                                             config.ref_episodes, config.seed + 20_000)
         ref_min = float(random_returns.mean())
         if self.has_expert():
             expert = SAC.load(self.expert_file())
-            expert_returns, _ = evaluate_policy(lambda obs: expert.act(obs, deterministic=True), config.env_id,
+            expert_returns, _ = play_episodes(lambda obs: expert.act(obs, deterministic=True), config.env_id,
                                                 config.ref_episodes, config.seed + 30_000)
             ref_max, source = float(expert_returns.mean()), "expert"
         else:

@@ -20,7 +20,6 @@ one step of a freshly made Adam each time, which moves every entry by its learni
 from __future__ import annotations
 
 from collections.abc import Callable
-from pathlib import Path
 from typing import Literal
 
 import numpy as np
@@ -32,20 +31,6 @@ RANDOM_REWARD_SCALE = 30.0
 
 QFunction = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (obs (B, d), actions (B, a)) -> Q (B,)
 Policy = Callable[[torch.Tensor], torch.Tensor]  # obs (B, d) -> actions (B, a), differentiable
-ATTACKABLE_ALGOS = ("cql", "iql", "riql")
-"""The keelrl offline agents whose saved model (model.pt) an adversarial corruption can attack."""
-
-
-def attack_model_algo(path: str) -> str:
-    """The algorithm of the keelrl agent saved at `path` (--attack-model), refused unless in ATTACKABLE_ALGOS."""
-    if not Path(path).is_file():
-        raise FileNotFoundError(f"--attack-model {path}: no such file.")
-    state = torch.load(path, map_location="cpu", weights_only=True)
-    algo = state.get("algo") if isinstance(state, dict) else None
-    if algo not in ATTACKABLE_ALGOS:
-        raise ValueError(f"--attack-model {path} is a {algo!r} model; adversarial corruption attacks the critic "
-                         f"of a keelrl offline agent ({', '.join(ATTACKABLE_ALGOS)}).")
-    return algo
 
 
 def corrupt_dataset(

@@ -435,7 +435,7 @@ class DatasetOptions:
     corruption_mode: Literal["random", "adversarial"] = "random"
     """random noise, or perturbations that minimise the Q-values of --attack-model"""
     attack_model: str | None = None
-    """model.pt of a keelrl offline agent (cql, iql, riql) trained on the clean data: the critic adversarial mode attacks"""
+    """model.pt of a keelrl IQL or RIQL agent trained on the clean data: the critic adversarial mode attacks"""
 
 
 def validate_dataset_options(options: DatasetOptions) -> None:
@@ -446,7 +446,7 @@ def validate_dataset_options(options: DatasetOptions) -> None:
     if options.corruption_mode == "adversarial" and options.corruption in ("obs", "act", "dynamics") \
             and options.attack_model is None:
         raise ValueError(f"--corruption-mode adversarial --corruption {options.corruption} attacks a critic: give "
-                         f"--attack-model, the model.pt of a keelrl offline agent trained on the clean dataset.")
+                         f"--attack-model, the model.pt of a keelrl IQL or RIQL agent trained on the clean dataset.")
 
 
 def prepare_dataset(options: DatasetOptions, seed: int, q_function: QFunction | None = None,

@@ -29,18 +29,22 @@ from keelrl.envs.video import render_kwargs
 
 
 class RequireFinite(gym.Wrapper):
-    """Raises FloatingPointError when a step returns a NaN or inf reward or observation, before the
-    normalisers' statistics take it in."""
+    """Raises FloatingPointError when a step is given a NaN or inf action, or returns a NaN or inf reward or
+    observation, before the normalisers' statistics take it in."""
 
     def __init__(self, env: gym.Env, env_id: str):
         super().__init__(env)
         self.env_id = env_id
 
     def step(self, action):
+        if not np.isfinite(action).all():
+            raise FloatingPointError(f"The action given to {self.env_id!r} is not finite (NaN or inf): the agent "
+                                     f"diverged, not the environment (see losses/* in TensorBoard; a new run with "
+                                     f"lower learning rates may not diverge).")
         obs, reward, terminated, truncated, info = self.env.step(action)
         if not (math.isfinite(reward) and np.isfinite(obs).all()):
             raise FloatingPointError(f"Environment {self.env_id!r} returned a non-finite reward or observation "
-                                     f"(NaN or inf)")
+                                     f"(NaN or inf): fix the environment.")
         return obs, reward, terminated, truncated, info
 
 

@@ -172,6 +172,9 @@ class VecEnv:
         return obs, {}
 
     def step(self, actions: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, dict]:
+        """Step every sub-env (see the module docstring). Actions that are not finite are refused before the envs
+        see them, and a non-finite reward, observation or cost raises: FloatingPointError saying which."""
+        self._check_finite_actions(actions)
         next_obs, rewards, terminated, truncated, final_obs, costs = self._backend.step(actions)
         self.num_steps += 1
         self._check_finite(rewards, "reward")
@@ -228,13 +231,29 @@ class VecEnv:
     def close(self) -> None:
         self._backend.close()
 
+    def __enter__(self) -> VecEnv:
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
+
     def _check_finite(self, values: np.ndarray, what: str) -> None:
         if not np.isfinite(values).all():
-            bad_envs = np.flatnonzero(~np.isfinite(values.reshape(self.num_envs, -1)).all(axis=1))
             raise FloatingPointError(
                 f"Environment {self.env_id!r} returned a non-finite {what} (NaN or inf) at vector step "
-                f"{self.num_steps} in sub-env(s) {bad_envs.tolist()}."
+                f"{self.num_steps} in sub-env(s) {self._non_finite_envs(values)}: fix the environment."
             )
+
+    def _check_finite_actions(self, actions: np.ndarray) -> None:
+        if not np.isfinite(actions).all():
+            raise FloatingPointError(
+                f"The actions given to {self.env_id!r} are not finite (NaN or inf) at vector step {self.num_steps + 1} "
+                f"in sub-env(s) {self._non_finite_envs(actions)}: the agent diverged, not the environment (see "
+                f"losses/* in TensorBoard; a new run with lower learning rates may not diverge)."
+            )
+
+    def _non_finite_envs(self, values: np.ndarray) -> list[int]:
+        return np.flatnonzero(~np.isfinite(np.asarray(values).reshape(self.num_envs, -1)).all(axis=1)).tolist()
 
 
 def make_vec_env(

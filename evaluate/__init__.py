@@ -23,7 +23,8 @@ import gymnasium as gym
 import numpy as np
 import tyro
 
-from keelrl.agents.harness import MODEL_FILE, agent_class, agent_module, load_checkpoint, restoring
+from keelrl.agents.harness.checkpoints import MODEL_FILE, read_checkpoint, restoring
+from keelrl.agents.registry import agent_class, agent_module
 from keelrl.envs.streaming_wrappers import frozen_stream_env, stream_env_for
 from keelrl.envs.vec_env import make_gym_env
 from keelrl.envs.video import (
@@ -172,7 +173,7 @@ def evaluate_saved(config: EvaluateConfig) -> Evaluation:
     check_options(config)
     model = model_path(config.path)
     csv_file = csv_path(config, model)
-    state = load_checkpoint(model, algo=None)
+    state = read_checkpoint(model, algo=None)
     check_saved_agent(state, model)
     algo = state["algo"]
     agent_module(algo)  # an algorithm keelrl does not have is refused here

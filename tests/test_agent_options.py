@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from keelrl.agents import sac, td3
-from keelrl.agents.harness import apply_preset, run_cli
+from keelrl.agents.harness.options import apply_preset, run_cli
 from keelrl.agents.sac import SAC, SACConfig
 from keelrl.agents.sac import train as train_sac
 from keelrl.agents.td3 import TD3, TD3Config

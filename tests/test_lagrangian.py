@@ -132,9 +132,9 @@ def test_pid_with_only_an_integral_term_is_the_gradient_multiplier():
 
 def test_warmup_and_episode_costs_reach_the_multiplier():
     agent = make_sac_lag(lambda_lr=0.01, lambda_warmup=1000)
-    agent.observe_episode_costs(np.array([125.0]), global_step=1000)
+    agent.lagrange.observe(np.array([125.0]), global_step=1000)
     assert agent.lagrange_multiplier.item() == 0.0  # still warming up
-    agent.observe_episode_costs(np.array([125.0, 25.0]), global_step=1001)  # mean 75: 0.01 × 50
+    agent.lagrange.observe(np.array([125.0, 25.0]), global_step=1001)  # mean 75: 0.01 × 50
     assert agent.lagrange_multiplier.item() == pytest.approx(0.5)
     assert make_sac_lag(multiplier="pid").lagrange.__class__ is PIDMultiplier
 
@@ -156,7 +156,7 @@ def test_sac_lag_actor_loss_equals_a_hand_computation(cost_batch):
     with torch.no_grad():
         actions, log_prob = agent.actor.sample(obs)
         q_min = agent.critic(obs, actions).squeeze(-1).min(dim=0).values
-        cost_q = agent.cost_critic(obs, actions).squeeze(-1).mean(dim=0)
+        cost_q = agent.cost.critic(obs, actions).squeeze(-1).mean(dim=0)
     expected = (0.1 * log_prob - q_min + 2.0 * cost_q).mean() / 3.0
     torch.manual_seed(7)
     loss = agent.update_actor_and_alpha(obs)["losses/actor_loss"]
@@ -171,7 +171,7 @@ def test_td3_lag_actor_loss_equals_a_hand_computation(cost_batch):
     with torch.no_grad():
         actions = agent.actor(obs)
         q1 = agent.critic(obs, actions)[0].squeeze(-1)
-        cost_q = agent.cost_critic(obs, actions).squeeze(-1).mean(dim=0)
+        cost_q = agent.cost.critic(obs, actions).squeeze(-1).mean(dim=0)
     expected = (-q1 + 0.5 * cost_q).mean() / 1.5
     assert agent.update_actor(obs)["losses/actor_loss"].item() == pytest.approx(expected.item(), rel=1e-5)
 
@@ -192,9 +192,9 @@ def test_cost_critic_loss_falls_on_a_fixed_batch(agent_cls, config_cls, cost_bat
         else:
             agent.smoothed_target_actions(batch.next_obs)
             next_actions = agent.smoothed_target_actions(batch.next_obs)
-        next_cost = agent.cost_critic_target(batch.next_obs, next_actions).squeeze(-1).double().mean(0)
+        next_cost = agent.cost.target(batch.next_obs, next_actions).squeeze(-1).double().mean(0)
         y = batch.costs.double() + 0.99 * (1 - batch.terminated.double()) * next_cost
-        cost_q = agent.cost_critic(batch.obs, batch.actions).squeeze(-1).double()  # (2, B)
+        cost_q = agent.cost.critic(batch.obs, batch.actions).squeeze(-1).double()  # (2, B)
     torch.manual_seed(9)
     first = agent.update(cost_batch)
     assert {"losses/cost_qf_loss", "losses/cost_qf_values", "losses/lagrange_multiplier", "losses/qf_loss"} <= set(first)
@@ -203,14 +203,14 @@ def test_cost_critic_loss_falls_on_a_fixed_batch(agent_cls, config_cls, cost_bat
     assert first["losses/lagrange_multiplier"].item() == 0.0  # no episode has ended: λ is still λ_init
     losses = [agent.update(cost_batch)["losses/cost_qf_loss"].item() for _ in range(200)]
     assert losses[-1] < 0.3 * first["losses/cost_qf_loss"].item()
-    target_moved = any(not torch.equal(a, b) for a, b in zip(agent.cost_critic_target.parameters(),
-                                                               agent.cost_critic.parameters()))
+    target_moved = any(not torch.equal(a, b) for a, b in zip(agent.cost.target.parameters(),
+                                                               agent.cost.critic.parameters()))
     assert target_moved  # the target follows by Polyak averaging, not by copying
     # one more cost step by hand: θ_c' ← θ_c' + 0.005 (θ_c − θ_c'), θ_c right after the step
-    target_before = [p.detach().double().clone() for p in agent.cost_critic_target.parameters()]
-    agent.cost_critic_step(cost_batch)
-    for before, target, online in zip(target_before, agent.cost_critic_target.parameters(),
-                                      agent.cost_critic.parameters()):
+    target_before = [p.detach().double().clone() for p in agent.cost.target.parameters()]
+    agent.cost.step(cost_batch, lambda next_obs: next_actions)
+    for before, target, online in zip(target_before, agent.cost.target.parameters(),
+                                      agent.cost.critic.parameters()):
         torch.testing.assert_close(target.double(), before + 0.005 * (online.detach().double() - before),
                                    rtol=1e-6, atol=1e-7)
 
@@ -241,16 +241,22 @@ def test_lambda_steps_once_per_batch_of_finished_episodes_and_never_on_other_upd
     events = []  # ("update", λ before, λ after) and ("episodes", global_step, costs, λ before, λ after)
 
     class RecordingSACLag(SACLag):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            observe = self.lagrange.observe
+
+            def recording_observe(episode_costs, global_step):
+                before = self.lagrange_multiplier.item()
+                observe(episode_costs, global_step)
+                events.append(("episodes", global_step, list(episode_costs), before, self.lagrange_multiplier.item()))
+
+            self.lagrange.observe = recording_observe
+
         def update(self, batch):
             before = self.lagrange_multiplier.item()
             losses = super().update(batch)
             events.append(("update", before, self.lagrange_multiplier.item()))
             return losses
-
-        def observe_episode_costs(self, episode_costs, global_step):
-            before = self.lagrange_multiplier.item()
-            super().observe_episode_costs(episode_costs, global_step)
-            events.append(("episodes", global_step, list(episode_costs), before, self.lagrange_multiplier.item()))
 
     lr, limit, warmup, init = 0.01, 1.5, 30, 0.2
     kp, ki, kd = 0.1, 0.02, 0.05

@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from keelrl.agents import iql, sac
-from keelrl.agents.harness import CHECKPOINT_FILE, non_finite_entry, run_cli
+from keelrl.agents.harness.checkpoints import CHECKPOINT_FILE, non_finite_entry
+from keelrl.agents.harness.options import run_cli
 from keelrl.benchmarks.make_datasets import collect
 
 
@@ -42,10 +43,10 @@ def test_non_finite_actions_blame_the_agent_not_the_environment(tmp_path, monkey
     assert code == 2
     err = one_error_line(capsys)
     (run_dir,) = tmp_path.iterdir()
-    assert err == (f"error: The agent's actions are not finite (NaN or inf) at step 351: its networks diverged, not "
-                   f"the environment. Training stopped; the checkpoint of step 200 in {run_dir} is kept (see losses/* "
-                   f"in TensorBoard; a new run with lower learning rates may not diverge; --resume {run_dir} continues "
-                   f"from it).\n")
+    assert err == (f"error: The actions given to 'InvertedPendulum-v5' are not finite (NaN or inf) at vector step 351 "
+                   f"in sub-env(s) [0]: the agent diverged, not the environment (see losses/* in TensorBoard; a new run "
+                   f"with lower learning rates may not diverge). (global step 351). Training stopped; the checkpoint of "
+                   f"step 200 in {run_dir} is kept (--resume {run_dir} continues from it).\n")
 
 
 def train_iql(data, runs_dir, monkeypatch, poison_at: int, poison, **options) -> int:
@@ -71,7 +72,8 @@ def test_a_non_finite_loss_is_named(pendulum_npz, tmp_path, monkeypatch, capsys)
 
     assert train_iql(pendulum_npz, tmp_path, monkeypatch, 25, nan_critic_loss, log_freq=10) == 2
     err = one_error_line(capsys)
-    assert err.startswith("error: losses/qf_loss is nan at update 30: the agent diverged. Training stopped; the "
+    assert err.startswith("error: losses/qf_loss is nan at update 30: the agent diverged: see losses/* in "
+                          "TensorBoard; a new run with lower learning rates may not diverge. Training stopped; the "
                           "checkpoint of update 20 in ")
 
 

@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 import torch
 
-from keelrl.agents.harness import run_cli
+from keelrl.agents.harness.options import run_cli
 from keelrl.agents.cql import CQL, CQLConfig
 from keelrl.agents.cql import train as train_cql
-from keelrl.agents.iql import IQL, IQLConfig
+from keelrl.agents.iql import IQL, IQLConfig, load_attacker
 from keelrl.agents.iql import train as train_iql
 from keelrl.agents.riql import RIQL, RIQLConfig
 from keelrl.agents.riql import train as train_riql
@@ -140,7 +140,7 @@ def test_riql_schedule_runs_over_its_3m_updates_and_critics_start_as_edac():
     first = layers[0].weight  # (E, OBS_DIM + ACTION_DIM, 64): bound 1/√64, not nn.Linear's 1/√7
     assert first.abs().max() <= 1 / 8 and first.abs().max() > 0.1
     torch.testing.assert_close(agent.critic_target.net.layers[0].bias, layers[0].bias)
-    assert not make_agent("iql").config.edac_critic_init  # IQL keeps CORL's nn.Linear initialisation
+    assert not torch.all(make_agent("iql").critic.net.layers[0].bias == 0.1)  # IQL keeps nn.Linear's initialisation
 
 
 def test_riql_actor_learning_rate_is_halfway_down_its_cosine_at_1_5m_updates(fixed_batch):
@@ -293,3 +293,23 @@ def test_cli_errors_exit_2_with_one_line(pendulum_npz, tmp_path, capsys):
     args = ["--dataset", str(pendulum_npz), "--corruption", "obs", "--corruption-mode", "adversarial"]
     assert run_cli(train_cql, CQLConfig, args) == 2
     assert "--attack-model" in capsys.readouterr().err
+
+
+def test_the_adversarial_attacker_is_an_iql_family_agent(pendulum_npz, tmp_path, capsys):
+    """--attack-model takes a saved IQL or RIQL agent (its critic and deterministic policy, rebuilt as IQL's
+    networks); another agent's model is refused in one line."""
+    cql_run = train_cql(tiny(CQLConfig, pendulum_npz, tmp_path / "cql", total_updates=10, eval_freq=0))
+    iql_run = train_iql(tiny(IQLConfig, pendulum_npz, tmp_path / "iql", total_updates=10, eval_freq=0))
+    q_function, policy = load_attacker(str(iql_run.run_dir / "model.pt"))
+    agent, obs = IQL.load(iql_run.run_dir / "model.pt"), torch.randn(5, 4)
+    actions = policy(obs)
+    torch.testing.assert_close(actions, agent.attack_policy(obs))
+    torch.testing.assert_close(q_function(obs, actions), agent.attack_q(obs, actions))
+    args = ["--dataset", str(pendulum_npz), "--corruption", "act", "--corruption-mode", "adversarial",
+            "--attack-model", str(cql_run.run_dir / "model.pt"), "--runs-dir", str(tmp_path / "attacked")]
+    capsys.readouterr()
+    assert run_cli(train_iql, IQLConfig, args) == 2
+    err = capsys.readouterr().err
+    assert err == (f"error: --attack-model {cql_run.run_dir / 'model.pt'} is a 'cql' model; adversarial corruption "
+                   f"attacks the critic of an IQL or RIQL agent trained on the clean dataset "
+                   f"(python -m keelrl.agents.iql).\n")

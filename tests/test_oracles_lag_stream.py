@@ -170,7 +170,7 @@ def test_sac_lag_one_update_matches_an_independent_oracle(monkeypatch):
     # initial weights, copied
     critic, critic_t = plain(agent.critic), plain(agent.critic_target)
     actor = plain(agent.actor)
-    cost, cost_t = plain(agent.cost_critic), plain(agent.cost_critic_target)
+    cost, cost_t = plain(agent.cost.critic), plain(agent.cost.target)
     log_alpha = torch.tensor(math.log(0.5), dtype=F64)
     assert agent.log_alpha.item() == pytest.approx(math.log(0.5))
     g = torch.Generator().manual_seed(11)
@@ -219,7 +219,7 @@ def test_sac_lag_one_update_matches_an_independent_oracle(monkeypatch):
     head_loss = agent.head.loss  # the reward critics' loss against their target (the cost critics' is not the head's)
     monkeypatch.setattr(agent.head, "loss", lambda outputs, target: (
         seen.setdefault("reward_target", target.clone()), head_loss(outputs, target))[1])
-    hook = agent.cost_critic_target.register_forward_hook(
+    hook = agent.cost.target.register_forward_hook(
         lambda module, inputs, output: seen.update(cost_next=(inputs[1].clone(), output.clone())))
     fixed = FixedNoise(noise)
     monkeypatch.setattr(torch, "randn_like", fixed)
@@ -243,8 +243,8 @@ def test_sac_lag_one_update_matches_an_independent_oracle(monkeypatch):
     assert_params(agent.critic_target, critic_t_new, "critic_target")
     assert_params(agent.actor, actor_new, "actor")
     close(agent.log_alpha, log_alpha_new)
-    assert_params(agent.cost_critic, cost_new, "cost_critic")
-    assert_params(agent.cost_critic_target, cost_t_new, "cost_critic_target")
+    assert_params(agent.cost.critic, cost_new, "cost_critic")
+    assert_params(agent.cost.target, cost_t_new, "cost_critic_target")
     assert agent.lagrange_multiplier.item() == pytest.approx(lam)
     # the oracle is sensitive: each Adam step moved every parameter that had a gradient
     assert not torch.allclose(actor_new["mean.weight"], actor["mean.weight"])
@@ -275,7 +275,7 @@ def test_td3_lag_one_update_matches_an_independent_oracle(monkeypatch):
     lam, lr, tau = 0.7, config.learning_rate, config.tau
     critic, critic_t = plain(agent.critic), plain(agent.critic_target)
     actor, actor_t = plain(agent.actor), plain(agent.actor_target)
-    cost, cost_t = plain(agent.cost_critic), plain(agent.cost_critic_target)
+    cost, cost_t = plain(agent.cost.critic), plain(agent.cost.target)
     g = torch.Generator().manual_seed(12)
     noise = [torch.randn(BATCH, ACTION_DIM, generator=g) * 2.0 for _ in range(2)]  # critic target, cost target
 
@@ -316,7 +316,7 @@ def test_td3_lag_one_update_matches_an_independent_oracle(monkeypatch):
     head_loss = agent.head.loss  # the reward critics' loss against their target (the cost critics' is not the head's)
     monkeypatch.setattr(agent.head, "loss", lambda outputs, target: (
         seen.setdefault("reward_target", target.clone()), head_loss(outputs, target))[1])
-    hook = agent.cost_critic_target.register_forward_hook(
+    hook = agent.cost.target.register_forward_hook(
         lambda module, inputs, output: seen.update(cost_next=(inputs[1].clone(), output.clone())))
     fixed = FixedNoise(noise)
     monkeypatch.setattr(torch, "randn_like", fixed)
@@ -338,8 +338,8 @@ def test_td3_lag_one_update_matches_an_independent_oracle(monkeypatch):
     assert_params(agent.critic_target, critic_t_new, "critic_target")
     assert_params(agent.actor, actor_new, "actor")
     assert_params(agent.actor_target, actor_t_new, "actor_target")
-    assert_params(agent.cost_critic, cost_new, "cost_critic")
-    assert_params(agent.cost_critic_target, cost_t_new, "cost_critic_target")
+    assert_params(agent.cost.critic, cost_new, "cost_critic")
+    assert_params(agent.cost.target, cost_t_new, "cost_critic_target")
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -363,7 +363,7 @@ def test_lambda_updates_by_hand_from_batches_of_episode_costs(agent_cls, config_
         expected.append(lam)
     got = []
     for costs, step in batches:
-        agent.observe_episode_costs(np.array(costs), step)
+        agent.lagrange.observe(np.array(costs), step)
         got.append(agent.lagrange_multiplier.item())
     assert got == pytest.approx(expected, abs=1e-6)
     assert expected[0] == 0.3 and min(expected) == 0.0 and expected[-1] > 0  # warmup, clamp, recovery seen
@@ -383,7 +383,7 @@ def test_lambda_updates_by_hand_from_batches_of_episode_costs(agent_cls, config_
         expected.append(lam)
     got = []
     for costs, step in batches:
-        agent.observe_episode_costs(np.array(costs), step)
+        agent.lagrange.observe(np.array(costs), step)
         got.append(agent.lagrange_multiplier.item())
     assert got == pytest.approx(expected, abs=1e-6)
 

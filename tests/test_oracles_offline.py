@@ -158,9 +158,12 @@ def iql_oracle(params: dict, batch: Batch, config: IQLConfig, actor_lr: float, l
     low, high = torch.as_tensor(low, dtype=torch.float64), torch.as_tensor(high, dtype=torch.float64)
     scale, shift = (high - low) / 2, (high + low) / 2
     new, grads = dict(params), {}
+    # RIQL's options (IQL has none of them: its choices are the ones in the defaults here)
+    q_target, target_clip = getattr(config, "q_target", "min"), getattr(config, "target_clip", None)
+    q_loss = getattr(config, "q_loss", "mse")
     # V's target: the target critics on dataset actions, their min (IQL) or quantile (RIQL)
     target_q_all = ensemble_q(obs, actions, params, "critic_target")
-    target_q = (quantile_by_hand(target_q_all, config.quantile) if config.q_target == "quantile"
+    target_q = (quantile_by_hand(target_q_all, config.quantile) if q_target == "quantile"
                 else target_q_all.min(dim=0).values)
     next_v = relu_mlp(next_obs, params, "value")[:, 0]  # V(s') before V's step
     # V: expectile regression, weight |τ − 1(u < 0)| u², u = target_q − V(s)
@@ -171,11 +174,11 @@ def iql_oracle(params: dict, batch: Batch, config: IQLConfig, actor_lr: float, l
     step_group(value_loss, value, config.vf_lr, new, grads)
     # Q: every critic onto r + γ(1 − terminated) V(s'), clipped (RIQL); MSE or Huber (RIQL: β = 1/σ²)
     unclipped = rewards + config.gamma * (1.0 - terminated) * next_v
-    y = unclipped if config.target_clip is None else unclipped.clamp(*config.target_clip)
+    y = unclipped if target_clip is None else unclipped.clamp(*target_clip)
     critic = leaves(params, "critic.")
     q = ensemble_q(obs, actions, critic, "critic")  # (E, B)
     error = q - y
-    if config.q_loss == "huber":
+    if q_loss == "huber":
         beta = 1.0 / config.huber_sigma**2
         q_loss = torch.where(error.abs() < beta, 0.5 * error**2 / beta, error.abs() - 0.5 * beta).mean()
     else:

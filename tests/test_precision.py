@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from keelrl.agents import cql, iql, sac, sac_lag, td3, td3_lag
-from keelrl.agents.harness import run_cli
+from keelrl.agents.harness.options import run_cli
 from keelrl.buffers import Batch
 from keelrl.networks import training
 

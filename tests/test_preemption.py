@@ -10,14 +10,16 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 import torch
 
-from keelrl.agents import harness, sac, stream_q
-from keelrl.agents.harness import BUFFER_FILE, CHECKPOINT_FILE, NEXT_BUFFER_FILE, run_cli
+from keelrl.agents import sac, stream_q
+from keelrl.agents.harness import checkpoints, loop
+from keelrl.agents.harness.checkpoints import BUFFER_FILE, CHECKPOINT_FILE, NEXT_BUFFER_FILE
+from keelrl.agents.harness.options import run_cli
+from keelrl.buffers import ReplayBuffer
 
 REPO = Path(__file__).resolve().parents[1]
 SAC_ARGS = ["--env-id", "InvertedPendulum-v5", "--learning-starts", "200", "--batch-size", "32",
@@ -106,14 +108,13 @@ def test_a_second_signal_while_stopping_is_ignored(tmp_path):
 
 def written_checkpoints(monkeypatch) -> list[int]:
     """The global step of every checkpoint.pt written from now on."""
-    steps, real_save = [], harness.save_checkpoint
+    steps, real_write = [], loop.write_checkpoint
 
-    def save(path, state):
-        if Path(path).name == CHECKPOINT_FILE:
-            steps.append(state["global_step"])
-        real_save(path, state)
+    def write(run_dir, state, replay):
+        steps.append(state["global_step"])
+        real_write(run_dir, state, replay)
 
-    monkeypatch.setattr(harness, "save_checkpoint", save)
+    monkeypatch.setattr(loop, "write_checkpoint", write)
     return steps
 
 
@@ -137,19 +138,19 @@ class Killed(Exception):
 def killed_run(tmp_path: Path, monkeypatch, kill_at_step: int, name: str = "run", **options) -> Path:
     """A SAC run of 600 steps with checkpoints every 200 steps (and `options`), killed (no signal handling: an
     exception from the loop) when it reaches `kill_at_step`; its run directory."""
-    real_advance = harness.Run.advance
+    real_record = loop.Run.record_episodes
 
-    def advance(run, steps=1):
-        real_advance(run, steps)
+    def record_episodes(run, info):  # every step of the loop calls it, once the step is done
         if run.step == kill_at_step:
             raise Killed
+        return real_record(run, info)
 
-    monkeypatch.setattr(harness.Run, "advance", advance)
+    monkeypatch.setattr(loop.Run, "record_episodes", record_episodes)
     with pytest.raises(Killed):
         sac.train(sac.SACConfig(**{**dict(env_id="InvertedPendulum-v5", total_timesteps=600, learning_starts=100,
                                           batch_size=16, hidden_sizes=(16, 16), checkpoint_freq=200, eval_freq=0,
                                           eval_episodes=1, quiet=True, runs_dir=str(tmp_path / name)), **options}))
-    monkeypatch.setattr(harness.Run, "advance", real_advance)
+    monkeypatch.setattr(loop.Run, "record_episodes", real_record)
     (run_dir,) = (tmp_path / name).iterdir()
     return run_dir
 
@@ -160,31 +161,31 @@ def resume(run_dir: Path) -> int:
 
 def buffer_sizes_at_restore(monkeypatch) -> list[int]:
     """The size of every replay buffer a resumed run restores from now on."""
-    sizes, real_end = [], harness.ReplayBuffer.end_episodes
+    sizes, real_end = [], ReplayBuffer.end_episodes
 
     def end_episodes(buffer):
         sizes.append(buffer.size)
         real_end(buffer)
 
-    monkeypatch.setattr(harness.ReplayBuffer, "end_episodes", end_episodes)
+    monkeypatch.setattr(ReplayBuffer, "end_episodes", end_episodes)
     return sizes
 
 
 def test_a_kill_between_the_buffer_and_the_checkpoint_resumes_from_the_previous_pair(tmp_path, monkeypatch):
     """The issue's repro: the newer buffer on disk beside the older checkpoint used to be trained on silently."""
-    real_save = harness.save_checkpoint
+    real_write = checkpoints.write_atomically
 
-    def save(path, state):
+    def write(path, state):
         if Path(path).name == CHECKPOINT_FILE and state["global_step"] == 400:
             raise Killed  # the buffer of step 400 is on disk; its checkpoint never comes
-        real_save(path, state)
+        real_write(path, state)
 
-    monkeypatch.setattr(harness, "save_checkpoint", save)
+    monkeypatch.setattr(checkpoints, "write_atomically", write)
     with pytest.raises(Killed):
         sac.train(sac.SACConfig(env_id="InvertedPendulum-v5", total_timesteps=600, learning_starts=100, batch_size=16,
                                 hidden_sizes=(16, 16), checkpoint_freq=200, eval_freq=0, quiet=True,
                                 runs_dir=str(tmp_path)))
-    monkeypatch.setattr(harness, "save_checkpoint", real_save)
+    monkeypatch.setattr(checkpoints, "write_atomically", real_write)
     (run_dir,) = tmp_path.iterdir()
     assert torch.load(run_dir / CHECKPOINT_FILE, weights_only=True)["global_step"] == 200
     assert torch.load(run_dir / NEXT_BUFFER_FILE, weights_only=True)["rewards"].shape == (400,)

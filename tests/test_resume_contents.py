@@ -16,8 +16,8 @@ checkpoint it resumes from:
   statistics, the agent's exploration generator and the global random states.
 
 How: each run is made in this process with a recording subclass of the agent (and of the buffer), so
-the test holds the live objects. The loop's checkpoint writer (`save_checkpoint` as the loop module
-imported it) is wrapped to snapshot the live state as each checkpoint is written; the run then dies
+the test holds the live objects. The loop's checkpoint writer (`write_checkpoint` as the harness loop
+module imported it) is wrapped to snapshot the live state as each checkpoint is written; the run then dies
 (an exception raised from inside the loop, a few updates after that checkpoint, so the live objects
 have moved on). The resumed run is snapshotted when it opens its logger (`RunLogger`), which every
 loop does right after restoring and before it acts or updates. The snapshots are taken from the live
@@ -37,8 +37,9 @@ import numpy as np
 import pytest
 import torch
 
-from keelrl.agents import cql, harness, iql, sac, sac_lag, stream_ac, stream_q, td3, td3_lag
-from keelrl.agents.harness import CHECKPOINT_FILE
+from keelrl.agents import cql, iql, sac, sac_lag, stream_ac, stream_q, td3, td3_lag
+from keelrl.agents.harness import loop as harness_loop
+from keelrl.agents.harness.checkpoints import CHECKPOINT_FILE
 from keelrl.benchmarks.make_datasets import collect
 from keelrl.buffers import ReplayBuffer
 from keelrl.buffers.offline import DatasetBuffer
@@ -146,7 +147,7 @@ class Run:
     snapshots taken as it wrote checkpoints, and the snapshot taken right after a resume restored."""
 
     def __init__(self, monkeypatch, loop, agent_cls, snapshot):
-        """`loop`: the module whose `save_checkpoint`, `RunLogger`, `rng_state` and `restore_rng_state` the run
+        """`loop`: the module whose `write_checkpoint`, `RunLogger`, `rng_state` and `restore_rng_state` the run
         calls."""
         self.live: dict[str, Any] = {}
         self.saved: list[tuple[int, dict]] = []  # (global step, snapshot) of each checkpoint written
@@ -167,13 +168,12 @@ class Run:
                 return super().update(*args, **kwargs)
 
         self.agent_cls = Recording
-        real_save, real_logger = loop.save_checkpoint, loop.RunLogger
+        real_save, real_logger = loop.write_checkpoint, loop.RunLogger
         real_rng_state, real_restore = loop.rng_state, loop.restore_rng_state
 
-        def save_and_snapshot(path, state):
-            if Path(path).name == CHECKPOINT_FILE:  # not model.pt, which agent.save writes with it
-                self.saved.append((int(state["global_step"]), snapshot(self.live)))
-            return real_save(path, state)
+        def save_and_snapshot(run_dir, state, replay):
+            self.saved.append((int(state["global_step"]), snapshot(self.live)))
+            return real_save(run_dir, state, replay)
 
         def logger_after_restore(run_dir, resume_step=None, **options):
             if resume_step is not None:
@@ -188,7 +188,7 @@ class Run:
             self.live["generator"] = generator
             return real_restore(state, generator)
 
-        monkeypatch.setattr(loop, "save_checkpoint", save_and_snapshot)
+        monkeypatch.setattr(loop, "write_checkpoint", save_and_snapshot)
         monkeypatch.setattr(loop, "RunLogger", logger_after_restore)
         monkeypatch.setattr(loop, "rng_state", rng_state)
         monkeypatch.setattr(loop, "restore_rng_state", restore_rng_state)
@@ -247,7 +247,7 @@ def off_policy_snapshot(live: dict) -> dict:
 
 
 def off_policy_run(monkeypatch, module, agent_cls) -> Run:
-    run = Run(monkeypatch, harness, agent_cls, off_policy_snapshot)
+    run = Run(monkeypatch, harness_loop, agent_cls, off_policy_snapshot)
     monkeypatch.setattr(module, agent_cls.__name__, run.agent_cls)  # the agent file's loop builds the recording agent
 
     class RecordingBuffer(ReplayBuffer):
@@ -415,7 +415,7 @@ def offline_config(algo, data, runs_dir, **overrides):
 
 def offline_run(monkeypatch, algo):
     module, agent_cls, config_cls, _ = OFFLINE_CASES[algo]
-    run = Run(monkeypatch, harness, agent_cls, offline_snapshot)
+    run = Run(monkeypatch, harness_loop, agent_cls, offline_snapshot)
     monkeypatch.setattr(module, agent_cls.__name__, run.agent_cls)  # the agent file's loop builds the recording agent
 
     class RecordingDataset(DatasetBuffer):
@@ -490,7 +490,7 @@ def test_streaming_resume_restores_networks_obgd_statistics_and_rng(algo, tmp_pa
     100. (The eligibility traces are zeroed after the restore by design, as a new episode starts: see
     test_streaming.py; a straight run's stream differs from the resumed one's for the same reason.)"""
     module, agent_cls, config_cls, options = STREAMING_CASES[algo]
-    run = Run(monkeypatch, harness, agent_cls, streaming_snapshot)
+    run = Run(monkeypatch, harness_loop, agent_cls, streaming_snapshot)
     monkeypatch.setattr(module, agent_cls.__name__, run.agent_cls)  # the agent file's loop builds the recording agent
     stream_env_for = module.stream_env_for
 

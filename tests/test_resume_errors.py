@@ -12,7 +12,9 @@ import pytest
 import torch
 
 from keelrl.agents import grpo, iql, sac, stream_q
-from keelrl.agents.harness import BUFFER_FILE, CHECKPOINT_FILE, CONFIG_FILE, run_cli
+from keelrl.agents.harness.checkpoints import BUFFER_FILE, CHECKPOINT_FILE
+from keelrl.agents.harness.options import run_cli
+from keelrl.agents.harness.run_directory import CONFIG_FILE
 from keelrl.benchmarks.make_datasets import collect
 
 

@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from keelrl.agents import grpo as grpo_module
-from keelrl.agents.harness import load_checkpoint, run_cli
+from keelrl.agents.harness.checkpoints import read_checkpoint
+from keelrl.agents.harness.options import run_cli
 from keelrl.agents.grpo import (
     GRPO,
     GRPOConfig,
@@ -399,7 +400,7 @@ def test_tiny_run_logs_checkpoints_loads_and_is_deterministic(tmp_path):
     with open(result.run_dir / "eval.csv") as f:
         assert [int(row["global_step"]) for row in csv.DictReader(f)] == [0, 2, 4]
     assert list(result.run_dir.glob("events.out.tfevents.*"))
-    checkpoint = load_checkpoint(result.run_dir / "checkpoint.pt", "grpo")  # weights_only=True
+    checkpoint = read_checkpoint(result.run_dir / "checkpoint.pt", "grpo")  # weights_only=True
     assert checkpoint["global_step"] == 4 and checkpoint["vocab"] == DEFAULT_VOCAB
     agent = GRPO.load(result.run_dir / "model.pt")
     for name, tensor in agent.policy.state_dict().items():

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from keelrl.agents import iql, stream_q
-from keelrl.agents.harness import duration
+from keelrl.agents.harness.logs import duration
 from keelrl.benchmarks.make_datasets import collect
 
 ETA = r"ETA (\d\d+:\d\d:\d\d|\?)"

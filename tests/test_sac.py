@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import torch
 
-from keelrl.agents.harness import run_cli
+from keelrl.agents.harness.options import run_cli
 from keelrl.agents.sac import SAC, SACConfig, train
 
 REPO = Path(__file__).resolve().parents[1]

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from gymnasium.utils.env_checker import check_env
 
-from keelrl.agents.harness import run_cli
+from keelrl.agents.harness.options import run_cli
 from keelrl.agents.sac_lag import SACLagConfig, train
 from keelrl.buffers import ReplayBuffer
 from keelrl.envs import VELOCITY_TASKS, CostWrapper, make_vec_env

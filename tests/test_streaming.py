@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import torch
 
-from keelrl.agents.harness import run_cli
+from keelrl.agents.harness.options import run_cli
 from keelrl.agents.stream_ac import StreamAC, StreamACConfig
 from keelrl.agents.stream_q import StreamQ, StreamQConfig
 from keelrl.agents.stream_q import train as train_q

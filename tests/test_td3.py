@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from keelrl.agents.harness import run_cli
+from keelrl.agents.harness.options import run_cli
 from keelrl.agents.td3 import TD3, TD3Config, train
 
 OBS_DIM, ACTION_DIM = 5, 2  # as the fixed_batch fixture in conftest.py

@@ -13,7 +13,7 @@ import pytest
 import tyro
 
 from keelrl.agents import iql, sac, stream_q
-from keelrl.agents.harness import run_cli
+from keelrl.agents.harness.options import run_cli
 from keelrl.benchmarks.make_datasets import MakeDatasetsConfig, dataset_id, with_quick
 from keelrl.buffers.offline import MAKE_DATASETS, load_dataset
 from keelrl.envs.video import VideoUnavailable, offscreen_gl_backend

@@ -13,7 +13,7 @@ import pytest
 
 from keelrl.agents import iql, sac, stream_q
 from keelrl.evaluate import main as evaluate_main
-from keelrl.agents.harness import run_cli
+from keelrl.agents.harness.options import run_cli
 from keelrl.benchmarks.make_datasets import collect
 from keelrl.envs.video import VideoUnavailable, offscreen_gl_backend
 

@@ -29,7 +29,7 @@ import torch
 import tyro
 
 from keelrl.agents import cql, iql, riql, sac, td3
-from keelrl.agents.harness import apply_preset
+from keelrl.agents.harness.options import apply_preset
 from keelrl.buffers import ReplayBuffer
 from keelrl.networks.builders import with_default_support
 

@@ -1,0 +1,29 @@
+"""keelrl.agents.harness: the run harness under every agent's training loop, one module per job.
+
+    loop.py           `Run`, the loop contract: an agent's loop shows the algorithm's steps (act, step the env,
+                      store, update); `Run` counts them and does the rest between iterations (see its docstring)
+    run_directory.py  the run directory, config.json, and what --resume and --extend-to make of an earlier run
+    options.py        `RunOptions` (the options every run has), their checks, presets, threads and seeds, and
+                      `run_cli`, the command line that turns a user's mistake into one line and exit code 2
+    logs.py           TensorBoard (CleanRL's scalar names), episodes.csv and eval.csv, W&B, progress bar and lines
+    evaluation.py     `play_episodes`, the rollouts every agent's `evaluate` runs, and filming (--capture-video)
+    checkpoints.py    checkpoints (stamped with their replay buffer), model files, random states, and
+                      `SavedAgent`, the save/load methods every agent's networks share
+    stopping.py       SIGTERM and Ctrl-C: finish the step, checkpoint, exit 128 + the signal number
+
+A module imports only modules listed below it, and none imports an agent. The registry of agents by name is
+keelrl.agents.registry, above every agent.
+
+The loop contract, in ten lines (agents/sac.py has it whole; loop.py says what happens between iterations):
+
+    run = Run(config, "sac", validate, total="total_timesteps")   # the config (under --resume, the saved one)
+    env, agent, buffer = ...                                      # built from run.config
+    run.start(config.env_id, agent, evaluate=lambda: evaluate(agent, ...), numpy_rng=rng, replay=buffer)
+    obs, _ = env.reset()                                          # (start restored a resumed run, opened the logs)
+    with run:                                                     # holds SIGTERM and Ctrl-C; closes the logs
+        for global_step in run.steps(config.num_envs):            # logs, evaluates, checkpoints between iterations
+            next_obs, rewards, terminated, truncated, info = env.step(agent.act(obs))
+            ...                                                   # store; run.log(agent.update(batch))
+            run.record_episodes(info)                             # the episodes that ended at this step
+    return run.result()                                           # final evaluation, speeds, where the run is
+"""

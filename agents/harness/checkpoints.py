@@ -1,0 +1,205 @@
+"""What a run saves, and reading it back: checkpoints (with the replay buffer as a stamped pair), model files,
+random states, and the agent methods that pack and save networks, written once.
+
+Files are written atomically (a temporary file, then a rename), so a kill mid-write keeps the previous one,
+and read with `torch.load(weights_only=True)`: tensors and plain values only, nothing is unpickled.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import random
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, ClassVar
+
+import gymnasium as gym
+import numpy as np
+import torch
+from torch import nn
+
+from keelrl.buffers import ReplayBuffer
+from keelrl.envs.streaming_wrappers import space_from_dict, space_to_dict
+from keelrl.networks import pack_training_state, unpack_training_state
+
+CHECKPOINT_FILE = "checkpoint.pt"
+BUFFER_FILE = "buffer.pt"
+NEXT_BUFFER_FILE = "buffer.next.pt"
+"""the replay buffer of the checkpoint being written, until that checkpoint is in place"""
+MODEL_FILE = "model.pt"
+
+
+def write_atomically(path: Path, state: dict[str, Any]) -> None:
+    """torch.save to a temporary file, then rename it over `path`: a run killed mid-write keeps the previous file."""
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    torch.save(state, tmp)
+    os.replace(tmp, path)
+
+
+def read_checkpoint(path: str | os.PathLike, algo: str | None) -> dict[str, Any]:
+    """A checkpoint or model file's contents (`weights_only=True`: nothing is unpickled); `algo`: the algorithm it
+    must belong to (None: any). A damaged or foreign file raises one ValueError naming it."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"No checkpoint at {path}.")
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as err:  # torch raises several types for a corrupt or foreign file
+        raise ValueError(f"{path} is not a readable keelrl checkpoint: it is damaged, truncated or not written by "
+                         f"keelrl ({one_line(err)}).") from None
+    if not isinstance(state, dict) or "algo" not in state:
+        raise ValueError(f"{path} is not a keelrl checkpoint (no 'algo' entry).")
+    if algo is not None and state["algo"] != algo:
+        raise ValueError(f"{path} is a {state['algo']!r} checkpoint, not {algo!r}: load it with that agent.")
+    return state
+
+
+@contextlib.contextmanager
+def restoring(path: Path) -> Iterator[None]:
+    """Restore a run's state from the file at `path`; what a damaged file, or one from another run or
+    program, raises on the way becomes one ValueError naming it."""
+    try:
+        yield
+    except FileNotFoundError:
+        raise
+    except Exception as err:  # torch, numpy and the state dicts raise many types for a foreign file
+        raise ValueError(f"{path} does not fit this run ({one_line(err)}); it is damaged or comes "
+                         f"from another run or program: start a new run.") from None
+
+
+def one_line(err: Exception, limit: int = 160) -> str:
+    """An exception as 'Type: first line of its message', cut at `limit` characters."""
+    lines = str(err).strip().splitlines()
+    text = f"{type(err).__name__}: {lines[0] if lines else ''}".rstrip(": ")
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def rng_state(numpy_rng: np.random.Generator) -> dict[str, Any]:
+    """Every random state a run uses, in a form `torch.load(weights_only=True)` accepts."""
+    return {"python": random.getstate(), "numpy_rng": numpy_rng.bit_generator.state, "torch": torch.get_rng_state()}
+
+
+def restore_rng_state(state: dict[str, Any], numpy_rng: np.random.Generator) -> None:
+    random.setstate(state["python"])
+    numpy_rng.bit_generator.state = state["numpy_rng"]
+    torch.set_rng_state(state["torch"])
+
+
+def non_finite_entry(state: Any, path: str = "") -> str | None:
+    """The path ('networks/critic.0.weight') of the first floating-point tensor in `state` (nested dicts and
+    lists) holding a NaN or inf, or None when all are finite."""
+    if isinstance(state, torch.Tensor):
+        return path if state.is_floating_point() and not bool(torch.isfinite(state).all()) else None
+    items = state.items() if isinstance(state, dict) else enumerate(state) if isinstance(state, (list, tuple)) else ()
+    for key, value in items:
+        found = non_finite_entry(value, f"{path}/{key}" if path else str(key))
+        if found is not None:
+            return found
+    return None
+
+
+def write_checkpoint(run_dir: Path, state: dict[str, Any], replay: ReplayBuffer | None) -> None:
+    """checkpoint.pt, and with `replay` the replay buffer as buffer.pt, as one pair stamped alike: the buffer is
+    written to buffer.next.pt, then the checkpoint with the stamp replaces checkpoint.pt, then the buffer
+    replaces buffer.pt, so a kill at any moment leaves a checkpoint whose buffer is on disk."""
+    stamp = {"global_step": state["global_step"], "id": uuid.uuid4().hex}
+    if replay is not None:
+        write_atomically(run_dir / NEXT_BUFFER_FILE, {**replay.state_dict(), "stamp": stamp})
+    write_atomically(run_dir / CHECKPOINT_FILE, {**state, "stamp": stamp})
+    if replay is not None:
+        os.replace(run_dir / NEXT_BUFFER_FILE, run_dir / BUFFER_FILE)
+
+
+def read_replay(run_dir: Path, checkpoint: dict[str, Any], buffer: ReplayBuffer, unit: str) -> None:
+    """Load the buffer saved with `checkpoint`: buffer.pt, or buffer.next.pt when the save that wrote the
+    checkpoint was cut before its last rename (which is finished here). A buffer with another stamp is refused
+    in one line: it was not written with this checkpoint."""
+    stamp, found = checkpoint.get("stamp"), {}
+    for name in (BUFFER_FILE, NEXT_BUFFER_FILE):
+        if not (run_dir / name).is_file():
+            continue
+        with restoring(run_dir / name):
+            state = torch.load(run_dir / name, map_location="cpu", weights_only=True)
+            found[name] = state.get("stamp")
+            if found[name] == stamp:
+                buffer.load_state_dict(state)
+        if found[name] == stamp:
+            if name == NEXT_BUFFER_FILE:
+                os.replace(run_dir / NEXT_BUFFER_FILE, run_dir / BUFFER_FILE)
+            return
+    if not found:
+        raise FileNotFoundError(f"--resume {run_dir}: {BUFFER_FILE} is missing (it is written with every "
+                                f"checkpoint); the run cannot continue without its replay buffer.")
+    saved_at = (found.get(BUFFER_FILE) or {}).get("global_step", "an unknown step")
+    raise ValueError(f"--resume {run_dir}: {BUFFER_FILE} (saved at {unit} {saved_at}) was not written with "
+                     f"{CHECKPOINT_FILE} (saved at {unit} {checkpoint['global_step']}); the run cannot go on with a "
+                     f"replay buffer that does not match its checkpoint: put back the pair saved together, or start "
+                     f"a new run.")
+
+
+def saved_config(config_cls: type, values: dict[str, Any]) -> Any:
+    """The config a model file recorded, as `config_cls` (lists back to tuples; an option keelrl has since
+    removed does not change the model and is left out)."""
+    known = {field.name for field in dataclasses.fields(config_cls)}
+    return config_cls(**{name: tuple(value) if isinstance(value, list) else value
+                         for name, value in values.items() if name in known})
+
+
+class SavedAgent(nn.Module):
+    """What an agent's networks save and load, written once: the training state a checkpoint carries and the
+    model file (model.pt) `load` reads. A subclass sets `algo` and `config_cls`, holds `config`, `obs_dim`,
+    `optimizers` (name -> optimiser) and `num_updates`, and takes (obs_dim, action_low, action_high, config),
+    keeping the bounds as the buffers `action_low` and `action_high`."""
+
+    algo: ClassVar[str]
+    """the name saved with the model, which `load` checks"""
+    config_cls: ClassVar[type]
+
+    def training_state(self) -> dict:
+        """Networks, optimisers and the update counter: everything to continue training."""
+        return pack_training_state(self, self.optimizers, self.num_updates)
+
+    def load_training_state(self, state: dict) -> None:
+        self.num_updates = unpack_training_state(self, self.optimizers, state)
+
+    def save(self, path: str | os.PathLike) -> None:
+        """Save networks (observation statistics included) and config: tensors and plain values only."""
+        write_atomically(Path(path), self.model_file())
+
+    def model_file(self) -> dict[str, Any]:
+        return {"algo": self.algo, "config": dataclasses.asdict(self.config), "obs_dim": self.obs_dim,
+                "networks": self.state_dict()}
+
+    @classmethod
+    def load(cls, path: str | os.PathLike, device: str = "cpu") -> SavedAgent:
+        """The agent saved at `path` (a model.pt), on `device`."""
+        return cls.from_model_file(read_checkpoint(path, cls.algo)).to(device)
+
+    @classmethod
+    def from_model_file(cls, state: dict[str, Any]) -> SavedAgent:
+        networks = state["networks"]
+        agent = cls(state["obs_dim"], networks["action_low"].numpy(), networks["action_high"].numpy(),
+                    saved_config(cls.config_cls, state["config"]))
+        agent.load_state_dict(networks)
+        return agent
+
+
+class SavedStreamAgent(SavedAgent):
+    """`SavedAgent` for the streaming agents: they take (obs_dim, action_space, config), and their model file also
+    keeps the action space and `env_state`, the statistics of the env wrappers they act through."""
+
+    env_state: dict[str, dict[str, torch.Tensor]]
+
+    def model_file(self) -> dict[str, Any]:
+        return {**super().model_file(), "action_space": space_to_dict(self.action_space), "env_state": self.env_state}
+
+    @classmethod
+    def from_model_file(cls, state: dict[str, Any]) -> SavedStreamAgent:
+        action_space: gym.Space = space_from_dict(state["action_space"])
+        agent = cls(state["obs_dim"], action_space, saved_config(cls.config_cls, state["config"]))
+        agent.load_state_dict(state["networks"])
+        agent.env_state = state["env_state"]
+        return agent

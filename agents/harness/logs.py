@@ -1,0 +1,158 @@
+"""What a run writes down and shows while it trains: TensorBoard scalars with CleanRL's names, episodes.csv and
+eval.csv, W&B (--track), and the progress a person watching sees (a bar on a terminal, plain lines elsewhere)."""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import math
+import re
+import sys
+import time
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import numpy as np
+
+
+class RunLogger:
+    """TensorBoard scalars (CleanRL names) plus episodes.csv and eval.csv in the run directory.
+
+    On resume from step S, rows and events after S (written before the interruption but not
+    covered by the checkpoint) are dropped, so the logs have no gap and no duplicate. Resuming a run
+    whose checkpoint is its last (killed before model.pt was written) finishes it again: its final
+    evaluation, at S, is dropped too (`refinish`), since it is made again.
+    """
+
+    EPISODE_FIELDS = ["global_step", "return", "length", "cost"]
+    EVAL_FIELDS = ["global_step", "mean_return", "std_return", "mean_cost", "episodes"]
+
+    def __init__(self, run_dir: Path, resume_step: int | None = None, refinish: bool = False):
+        from torch.utils.tensorboard import SummaryWriter
+
+        self.run_dir = run_dir
+        # TensorBoard drops the earlier events at or after purge_step: those after S, or from S on when refinishing
+        purge_step = None if resume_step is None else resume_step + (0 if refinish else 1)
+        self.writer = SummaryWriter(str(run_dir), purge_step=purge_step)
+        self._episodes = self._open_csv("episodes.csv", self.EPISODE_FIELDS, resume_step)
+        self._evals = self._open_csv("eval.csv", self.EVAL_FIELDS, None if purge_step is None else purge_step - 1)
+
+    def _open_csv(self, name: str, fields: list[str], last_step: int | None):
+        """The CSV rewritten with its rows up to `last_step` (a new file when None), open for more rows."""
+        path = self.run_dir / name
+        rows = []
+        if last_step is not None and path.exists():
+            with path.open() as f:
+                rows = [r for r in csv.DictReader(f) if int(r["global_step"]) <= last_step]
+        handle = path.open("w", newline="")
+        writer = csv.DictWriter(handle, fieldnames=fields)
+        writer.writeheader()
+        writer.writerows(rows)
+        handle.flush()
+        return handle, writer
+
+    def scalars(self, values: dict[str, float], step: int) -> None:
+        for name, value in values.items():
+            self.writer.add_scalar(name, float(value), step)
+
+    def episode(self, step: int, episode_return: float, length: int, cost: float) -> None:
+        handle, writer = self._episodes
+        writer.writerow({"global_step": step, "return": episode_return, "length": length, "cost": cost})
+        handle.flush()
+        self.scalars(
+            {"charts/episodic_return": episode_return, "charts/episodic_length": length, "charts/episodic_cost": cost},
+            step,
+        )
+
+    def evaluation(self, step: int, returns: np.ndarray, costs: np.ndarray) -> None:
+        handle, writer = self._evals
+        writer.writerow({
+            "global_step": step,
+            "mean_return": float(returns.mean()),
+            "std_return": float(returns.std()),
+            "mean_cost": float(costs.mean()),
+            "episodes": len(returns),
+        })
+        handle.flush()
+        self.scalars({"eval/episodic_return": returns.mean(), "eval/episodic_cost": costs.mean()}, step)
+
+    def close(self) -> None:
+        self.writer.close()
+        for handle, _ in (self._episodes, self._evals):
+            handle.close()
+
+
+def progress_bar(total: int, initial: int, quiet: bool):
+    """A tqdm bar that turns itself off under --quiet or when stderr is not a terminal."""
+    from tqdm import tqdm
+
+    return tqdm(total=total, initial=initial, unit="step", dynamic_ncols=True,
+                disable=quiet or not sys.stderr.isatty(), smoothing=0.05)
+
+
+class Progress:
+    """The progress bar (on stderr, when it is a terminal) and, wherever the bar does not reach a terminal beside
+    stdout, a plain line on stdout every `seconds`: steps, speed since the last line, the latest training return
+    (not for offline agents, which have no training episodes) and evaluation ("–" until there is one), and the
+    time left at that speed. Nothing under --quiet."""
+
+    def __init__(self, algo: str, unit: str, total: int, initial: int, quiet: bool, seconds: float):
+        self.algo, self.unit, self.total, self.seconds = algo, unit, total, seconds
+        self.bar = progress_bar(total, initial, quiet)
+        self.plain_lines = not quiet and not (sys.stdout.isatty() and sys.stderr.isatty())
+        self._last_line = (time.perf_counter(), initial)  # (time, step) of the last plain line, or of the start
+        self._lines_printed = 0
+
+    def advance(self, step: int, steps: int, recent_return: float, recent_evaluation: float) -> None:
+        """`steps` more loop steps, `step` in all; a plain line when one is due."""
+        self.bar.update(steps)
+        now, (last_time, last_step) = time.perf_counter(), self._last_line
+        if self.plain_lines and (self._lines_printed == 0 or now - last_time >= self.seconds):
+            self._last_line, self._lines_printed = (now, step), self._lines_printed + 1
+            self._print_line(step, (step - last_step) / max(now - last_time, 1e-9), recent_return, recent_evaluation)
+
+    def _print_line(self, step: int, sps: float, recent_return: float, recent_evaluation: float) -> None:
+        fields = [f"[{self.algo}] {self.unit} {step}/{self.total} ({100 * step / self.total:.0f}%)",
+                  f"{sps:.1f} {self.unit}s/s"]
+        if self.unit != "update":
+            fields.append(f"last return {_shown(recent_return)}")
+        fields.append(f"last evaluation {_shown(recent_evaluation)}")
+        fields.append(f"ETA {duration((self.total - step) / sps) if sps > 0 else '?'}")
+        print(" | ".join(fields), flush=True)
+
+    def show(self, **fields: str) -> None:
+        """Figures beside the bar (ret=..., sps=...)."""
+        self.bar.set_postfix(**fields, refresh=False)
+
+    def close(self) -> None:
+        self.bar.close()
+
+
+def duration(seconds: float) -> str:
+    """H:MM:SS with as many hours as it takes (never wrapping at a day): 24 h 6 min 8 s is '24:06:08'."""
+    minutes, secs = divmod(int(round(seconds)), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours:02d}:{minutes:02d}:{secs:02d}"
+
+
+def _shown(value: float) -> str:
+    """A logged figure for a progress line: '–' while nothing is known yet."""
+    return "–" if math.isnan(value) else f"{value:.1f}"
+
+
+def import_wandb() -> ModuleType:
+    try:
+        import wandb
+    except ImportError:
+        raise ValueError("--track logs to Weights & Biases, which is not installed: pip install 'keelrl[wandb]'.") \
+            from None
+    return wandb
+
+
+def start_wandb(config: Any, algo: str, run_dir: Path) -> Any:
+    """A W&B run following the TensorBoard logs of `run_dir`, with the config; a resumed run continues its W&B run."""
+    return import_wandb().init(project=config.wandb_project, entity=config.wandb_entity, group=config.wandb_group,
+                               name=run_dir.name, id=re.sub(r"[^\w-]", "-", run_dir.name)[:64], resume="allow",
+                               config={"algo": algo, **dataclasses.asdict(config)}, dir=str(run_dir),
+                               sync_tensorboard=True)

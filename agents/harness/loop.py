@@ -1,0 +1,334 @@
+"""The loop contract: `Run` counts an agent's training loop and does, between its iterations, all that is not the
+algorithm (the contract's ten-line example is in keelrl.agents.harness; agents/sac.py has it whole).
+
+An agent's loop body acts, steps the env, stores and updates, as CleanRL's does, and calls `run.record_episodes`
+(or `record_episode`) for finished episodes and `run.log` for an update's losses. Between iterations: the progress
+bar or lines, the latest losses every `log_freq` steps, an evaluation every `eval_freq` (and a video with
+--capture-video), a checkpoint every `checkpoint_freq` steps and every `checkpoint_minutes`, and after SIGTERM or
+Ctrl-C a checkpoint and a stop (`RunStopped`: exit 128 + the signal). After the last iteration: the final
+evaluation, the last checkpoint and model.pt. A non-finite value stops the run with one line saying what went
+non-finite (the agent's actions, a loss, its weights, the environment) and which checkpoint is kept; no checkpoint
+is ever written from weights that are not finite.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from keelrl.agents.harness.checkpoints import (
+    CHECKPOINT_FILE,
+    MODEL_FILE,
+    non_finite_entry,
+    read_replay,
+    restore_rng_state,
+    restoring,
+    rng_state,
+    write_checkpoint,
+)
+from keelrl.agents.harness.evaluation import Filming
+from keelrl.agents.harness.logs import Progress, RunLogger, import_wandb, start_wandb
+from keelrl.agents.harness.options import RunOptions, seed_everything, set_threads
+from keelrl.agents.harness.run_directory import new_run_dir, save_config, start_or_resume
+from keelrl.agents.harness.stopping import RunStopped, StopSignals, signal_name
+from keelrl.buffers import ReplayBuffer
+from keelrl.buffers.offline import normalized_score
+from keelrl.envs.video import VideoSource
+
+UNITS = {"total_timesteps": "step", "total_updates": "update", "iterations": "iteration"}
+"""What one loop step of a run is, by the option that counts them (offline agents count updates, and have no
+training episodes)."""
+DIVERGED = "the agent diverged: see losses/* in TensorBoard; a new run with lower learning rates may not diverge"
+Saved = tuple[Callable[[], Any], Callable[[Any], None]]
+"""What a checkpoint keeps of one more thing besides the agent: (its state now, restore a saved state)."""
+
+
+class NonFinite(FloatingPointError):
+    """A NaN or inf stopped the run; the message says what went non-finite, where, and which checkpoint is kept."""
+
+
+@dataclasses.dataclass
+class TrainResult:
+    """What `train` returns."""
+
+    run_dir: Path
+    config: Any
+    """The run's resolved config (presets applied; under --resume, the saved run's)."""
+    global_step: int
+    final_eval_returns: np.ndarray
+    """Undiscounted return of each final evaluation episode."""
+    sps: float
+    """Environment steps per second of the training loop (evaluations and checkpoints in it included)."""
+    update_sps: float
+    """Environment steps per second once updates began (NaN if they never did)."""
+    final_eval_costs: np.ndarray | None = None
+    """Undiscounted cost of each final evaluation episode (zeros on a task without cost; None if not measured)."""
+
+    @property
+    def final_eval_return(self) -> float:
+        return float(np.mean(self.final_eval_returns))
+
+
+class Run:
+    """One training run: its resolved config, checkpoint, directory, logs, progress and timing (module docstring).
+
+    Constructing it validates the config, or under --resume loads the interrupted run's config (with
+    `keep_from_command_line`, the watch and the runtime options taken from this command line) and checkpoint
+    (which must hold `checkpoint_keys`), applies --extend-to, sets torch's threads and seeds python, numpy and
+    torch. `step` counts the loop's unit (environment steps, updates, iterations) from the checkpoint on.
+    """
+
+    def __init__(self, config: RunOptions, algo: str, validate: Callable[[Any], None], total: str,
+                 keep_from_command_line: tuple[str, ...] = (),
+                 checkpoint_keys: tuple[str, ...] = ("global_step", "agent", "rng")):
+        self.config, self.dir, self.checkpoint = start_or_resume(config, algo, validate, total,
+                                                                 keep_from_command_line, checkpoint_keys)
+        self.algo, self.total, self.unit = algo, getattr(self.config, total), UNITS[total]
+        self.step = self.start_step = 0 if self.checkpoint is None else int(self.checkpoint["global_step"])
+        self.recent_return = self.recent_evaluation = float("nan")
+        """the latest training return and evaluation (what progress shows)"""
+        self.final_evaluation: tuple[np.ndarray, np.ndarray] | None = None
+        """the final evaluation's returns and costs, once the loop has ended"""
+        self.logger: RunLogger | None = None
+        self.progress: Progress | None = None
+        self._losses: dict[str, Any] = {}
+        self._last_advance = 1
+        self._busy = 0.0  # seconds spent evaluating and checkpointing, left out of the logged speed
+        self._start_time = self._loop_end = self._checkpoint_time = float("nan")
+        self._update_start: tuple[float, int] | None = None  # (time, step) of the first logged update
+        self._checkpoint_step = self.step if self.resumed else None  # of the checkpoint on disk
+        self._stop_signals = StopSignals()
+        self._filming: Filming | None = None
+        self._wandb = None
+        set_threads(self.config.threads)
+        seed_everything(self.config.seed)
+
+    @property
+    def resumed(self) -> bool:
+        return self.checkpoint is not None
+
+    @property
+    def done(self) -> bool:
+        return self.step >= self.total
+
+    def start(self, name: str, agent: Any, evaluate: Callable[[], tuple[np.ndarray, np.ndarray | None]], *,
+              numpy_rng: np.random.Generator | None = None, replay: ReplayBuffer | None = None,
+              state: dict[str, Saved] | None = None, reference_returns: tuple[float, float] | None = None,
+              files: dict[str, str] | None = None, video: VideoSource | None = None) -> None:
+        """Say what the run checkpoints and how it evaluates, restore it all when resuming (a damaged checkpoint:
+        one line naming it), then make (or reopen) the run directory runs_dir/{name}__{algo}__{seed}__{time} with
+        config.json and `files`, and start the logs, W&B (--track), the progress and the clock.
+
+        agent: has `training_state()`, `load_training_state(state)` and `save(path)`.
+        evaluate: plays the evaluation episodes; their returns and costs (None: no costs).
+        numpy_rng: the loop's numpy generator (default: one seeded with the run's seed).
+        replay: the replay buffer, saved as buffer.pt beside each checkpoint.
+        state: name -> (its state now, restore a saved state), for anything else a checkpoint must keep.
+        reference_returns: (random, expert) returns: evaluations also log the D4RL-normalised score.
+        video: what --capture-video films after each evaluation (None: the agent has no env to film).
+        """
+        self._agent, self._evaluate, self._replay, self._state = agent, evaluate, replay, state or {}
+        self._numpy_rng = np.random.default_rng(self.config.seed) if numpy_rng is None else numpy_rng
+        self._reference_returns = reference_returns
+        if self.resumed:
+            self._restore()
+        if self.config.track:
+            import_wandb()  # a missing package is said before a run directory is made
+        if self.config.capture_video:
+            if video is None:
+                raise ValueError(f"--capture-video films an environment, and {self.algo} has none to film.")
+            self._filming = Filming(video)
+        if self.dir is None:
+            self.dir = new_run_dir(self.config.runs_dir, name, self.algo, self.config.seed)
+            save_config(self.dir, self.algo, self.config)
+            for file_name, text in (files or {}).items():
+                (self.dir / file_name).write_text(text)
+        if self.config.track:
+            self._wandb = start_wandb(self.config, self.algo, self.dir)  # before the TensorBoard writer it follows
+        # a resumed run killed after its last checkpoint, before model.pt, is finished again
+        self.logger = RunLogger(self.dir, self.step if self.resumed else None, refinish=self.resumed and self.done)
+        self.progress = Progress(self.algo, self.unit, self.total, self.step, self.config.quiet,
+                                 self.config.progress_seconds)
+        self._start_time = self._checkpoint_time = time.perf_counter()
+
+    def _restore(self) -> None:
+        """The agent, the random states, the registered state and the replay buffer, from the checkpoint; the envs
+        restart, so the interrupted episodes end where the checkpoint cut them."""
+        with restoring(self.dir / CHECKPOINT_FILE):
+            self._agent.load_training_state(self.checkpoint["agent"])
+            restore_rng_state(self.checkpoint["rng"], self._numpy_rng)
+            for name, (_, restore) in self._state.items():
+                restore(self.checkpoint[name])
+        if self._replay is not None:
+            read_replay(self.dir, self.checkpoint, self._replay, self.unit)
+            self._replay.end_episodes()
+
+    def __enter__(self) -> Run:
+        self._stop_signals.__enter__()
+        return self
+
+    def __exit__(self, exc_type, exc, traceback) -> None:
+        self._stop_signals.__exit__()
+        if self.logger is not None:  # (not when `start` failed)
+            self.progress.close()
+            self.logger.close()
+        if self._wandb is not None:
+            self._wandb.finish()
+        if isinstance(exc, FloatingPointError) and not isinstance(exc, NonFinite):  # from the env or its wrappers
+            raise NonFinite(f"{exc} (global step {self.step}). {self._kept()}") from None
+
+    def steps(self, per_iteration: int = 1, stop_early: Callable[[], bool] | None = None) -> Iterator[int]:
+        """The loop: yields the loop steps done before each iteration (CleanRL's `global_step`) until the total.
+        Inside an iteration `step` already counts its `per_iteration` steps (what it logs is logged at its end).
+        After each: progress, losses, evaluations, checkpoints, a stop after a signal; after the last, or once
+        `stop_early()` is true: the final evaluation, the last checkpoint and model.pt."""
+        while not self.done and not (stop_early is not None and stop_early()):
+            global_step = self.step
+            self.step += per_iteration
+            self._last_advance = per_iteration
+            yield global_step
+            self.progress.advance(self.step, per_iteration, self.recent_return, self.recent_evaluation)
+            if self._due(self.config.log_freq):
+                self._write_losses()
+            if stop_early is None or not stop_early():
+                self._between_iterations()
+        self._finish()
+
+    def record_episodes(self, info: dict[str, Any]) -> np.ndarray:
+        """Log the training episodes that ended at this vector-env step (info["episode"] of keelrl's vector
+        envs) and return their costs ((0,) when none ended)."""
+        if "_episode" not in info:
+            return np.zeros(0)
+        ended, episode = info["_episode"], info["episode"]
+        for i in np.flatnonzero(ended):
+            self.record_episode(episode["return"][i], int(episode["length"][i]), float(episode["cost"][i]))
+        return episode["cost"][ended]
+
+    def record_episode(self, episode_return: float, length: int, cost: float = 0.0) -> None:
+        """Log a finished training episode."""
+        self.recent_return = float(episode_return)
+        self.logger.episode(self.step, self.recent_return, length, cost)
+        self.progress.show(ret=f"{self.recent_return:.1f}")
+
+    def log(self, losses: dict[str, Any]) -> None:
+        """The latest update's losses (written every `log_freq` steps); the first call marks when updates began."""
+        if self._update_start is None:
+            self._update_start = (time.perf_counter(), self.step)
+        self._losses = losses
+
+    def _due(self, freq: int) -> bool:
+        """Whether the last iteration crossed a multiple of `freq` (0: never)."""
+        return bool(freq) and self.step % freq < self._last_advance
+
+    def _write_losses(self) -> None:
+        """The latest losses and the speed (charts/SPS); a loss that is not finite stops the run."""
+        for name, value in self._losses.items():
+            if name.startswith("losses/") and not math.isfinite(float(value)):
+                raise NonFinite(f"{name} is {float(value)} at {self.unit} {self.step}: {DIVERGED}. {self._kept()}")
+        sps = self._speed()
+        self.logger.scalars({**self._losses, "charts/SPS": sps}, self.step)
+        self.progress.show(**({} if math.isnan(self.recent_return) else {"ret": f"{self.recent_return:.1f}"}),
+                           sps=f"{sps:.0f}")
+
+    def _between_iterations(self) -> None:
+        """Evaluate every `eval_freq` steps; checkpoint every `checkpoint_freq` steps and `checkpoint_minutes`;
+        after a stop signal, checkpoint and stop. Not after the last step (`_finish` is there)."""
+        if self.done:
+            return
+        tick = time.perf_counter()
+        if self._due(self.config.eval_freq):
+            self.log_evaluation()
+        stopping = self._stop_signals.received is not None
+        minutes = self.config.checkpoint_minutes
+        if self._due(self.config.checkpoint_freq) or stopping or (
+                minutes > 0 and time.perf_counter() - self._checkpoint_time >= 60 * minutes):
+            self._checkpoint()
+        self._busy += time.perf_counter() - tick
+        if stopping:
+            print(f"{signal_name(self._stop_signals.received)}: stopped at {self.unit} {self.step} of {self.total} "
+                  f"with a checkpoint; continue with: python -m keelrl.agents.{self.algo} --resume {self.dir}",
+                  file=sys.stderr, flush=True)
+            raise RunStopped(self._stop_signals.received)
+
+    def log_evaluation(self) -> tuple[np.ndarray, np.ndarray]:
+        """Evaluate now (as between iterations, e.g. before the first), log the returns and costs (and the
+        normalised score), film an episode with --capture-video; the returns and costs."""
+        returns, costs = self._evaluate()
+        costs = np.zeros_like(returns) if costs is None else costs
+        self.recent_evaluation = float(np.mean(returns))
+        self.logger.evaluation(self.step, returns, costs)
+        if self._reference_returns is not None:
+            score = normalized_score(returns, *self._reference_returns).mean()
+            self.logger.scalars({"eval/normalized_score": score}, self.step)
+        if self._filming is not None:
+            self._filming.film(self.dir, self.step, self.logger.writer)
+        return returns, costs
+
+    def _checkpoint(self) -> None:
+        """checkpoint.pt (with buffer.pt): the step, the agent's training state, the random states and the registered
+        state. Weights or optimiser state that are not finite are not saved: the checkpoint on disk stays good."""
+        training_state = self._agent.training_state()
+        bad = non_finite_entry(training_state)
+        if bad is not None:
+            raise NonFinite(f"The agent's {bad} is not finite (NaN or inf) at {self.unit} {self.step}: its networks "
+                            f"diverged, so this state is not saved. {self._kept()} ({DIVERGED})")
+        state = {"algo": self.algo, "global_step": self.step, "agent": training_state,
+                 "rng": rng_state(self._numpy_rng), **{name: now() for name, (now, _) in self._state.items()}}
+        write_checkpoint(self.dir, state, self._replay)
+        self._checkpoint_step, self._checkpoint_time = self.step, time.perf_counter()
+
+    def _kept(self) -> str:
+        """What a run stopped by a non-finite value keeps."""
+        if self._checkpoint_step is None:
+            return "Training stopped before its first checkpoint."
+        return (f"Training stopped; the checkpoint of {self.unit} {self._checkpoint_step} in {self.dir} is kept "
+                f"(--resume {self.dir} continues from it).")
+
+    def _finish(self) -> None:
+        """The final evaluation, the last checkpoint and model.pt; a stop signal that came meanwhile lets it finish."""
+        self._loop_end = time.perf_counter()
+        self.final_evaluation = self.log_evaluation()
+        self._checkpoint()
+        self._agent.save(self.dir / MODEL_FILE)
+        if self._stop_signals.received is not None:
+            print(f"{signal_name(self._stop_signals.received)} came after the last {self.unit}: the run finished "
+                  f"first.", file=sys.stderr, flush=True)
+
+    def _speed(self) -> float:
+        """Loop steps per second since `start`, evaluations and checkpoints left out."""
+        elapsed = time.perf_counter() - self._start_time - self._busy
+        return (self.step - self.start_step) / max(elapsed, 1e-9)
+
+    def loop_speed(self) -> float:
+        """Loop steps per second of this process's loop, evaluations and checkpoints in it included."""
+        return (self.step - self.start_step) / max(self._loop_end - self._start_time, 1e-9)
+
+    def update_speed(self) -> float:
+        """Loop steps per second of this process's loop from the first logged update on (NaN if none)."""
+        if self._update_start is None:
+            return float("nan")
+        start_time, start_step = self._update_start
+        return (self.step - start_step) / max(self._loop_end - start_time, 1e-9)
+
+    def result(self, *lines: str) -> TrainResult:
+        """Print the final evaluation (and normalised score), the speeds, the caller's `lines` and where the run
+        is; return what `train` returns."""
+        returns, costs = self.final_evaluation
+        print(f"final evaluation return over {len(returns)} episodes: {returns.mean():.1f} ± {returns.std():.1f}")
+        if self._reference_returns is not None:
+            print(f"normalised score {normalized_score(returns, *self._reference_returns).mean():.1f}")
+        speeds = f"{self.unit}s/s: {self.loop_speed():.1f} overall"
+        if self._update_start is not None and self._update_start[1] > self.start_step + self._last_advance:
+            speeds += f", {self.update_speed():.1f} while updating"
+        for line in (speeds, *lines):
+            print(line)
+        print(f"run saved in {self.dir}; open the curves with: tensorboard --logdir {Path(self.config.runs_dir)}")
+        return TrainResult(run_dir=self.dir, config=self.config, global_step=self.step, final_eval_returns=returns,
+                           sps=self.loop_speed(), update_sps=self.update_speed(), final_eval_costs=costs)

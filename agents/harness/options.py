@@ -1,0 +1,151 @@
+"""The options every run has, their checks, presets, and the command line that runs an agent.
+
+`RunOptions` declares them once; each agent's config dataclass extends it with the algorithm's hyperparameters
+(and may give an option another default or meaning, e.g. GRPO's evaluation counts prompts). `run_cli` parses an
+agent's config from the command line and turns a user's mistake into one line and exit code 2.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import torch
+
+from keelrl.agents.harness.stopping import RunStopped
+
+# Measured on the project's 2-core machine (benchmarks/results/threads.md), SAC update 256-256,
+# batch 256: one thread takes 10-11 ms idle or beside a busy process; two threads take 6.2 ms idle
+# but 24.5 ms when another process keeps the second core busy. One thread is the robust default;
+# pass --threads 2 (or more on bigger machines) when the run has the machine to itself.
+DEFAULT_THREADS = 1
+
+
+@dataclasses.dataclass
+class RunOptions:
+    """The options of every run (the loop's unit is environment steps, gradient updates or iterations)."""
+
+    seed: int = 1
+    """seed of python, numpy, torch and the envs"""
+    eval_freq: int = 10_000
+    """loop steps between evaluations (0: only at the end)"""
+    eval_episodes: int = 10
+    """episodes per evaluation (deterministic policy)"""
+    checkpoint_freq: int = 50_000
+    """loop steps between checkpoints (the last one is always written, and one on SIGTERM or Ctrl-C)"""
+    checkpoint_minutes: float = 10.0
+    """also checkpoint when this many minutes have passed since the last checkpoint (0: only by steps), so a
+    SIGKILL or a power cut loses at most this much work"""
+    log_freq: int = 1_000
+    """loop steps between loss logs"""
+    threads: int = DEFAULT_THREADS
+    """torch CPU threads (1 is robust to other busy processes; 2 is faster on an idle 2-core machine)"""
+    runs_dir: str = "runs"
+    """parent directory of run directories"""
+    resume: str | None = None
+    """continue the run in this directory (its saved config is used)"""
+    extend_to: int | None = None
+    """with --resume: train the run on until this many loop steps, past the total it was started with (a finished
+    run continues; schedules over the run stretch to the new end)"""
+    quiet: bool = False
+    """no progress bar, and no progress lines"""
+    progress_seconds: float = 30.0
+    """when stdout or stderr is not a terminal (a log file, nohup, CI, a cluster job): seconds between plain
+    progress lines"""
+    capture_video: bool = False
+    """film the first episode of every evaluation: RUN_DIR/videos/*.mp4 and videos.csv (return, cost, length), a
+    frame in TensorBoard (needs keelrl[video]; MuJoCo renders offscreen through EGL, else OSMesa)"""
+    track: bool = False
+    """log the run to Weights & Biases: config and every TensorBoard scalar (needs keelrl[wandb]; WANDB_MODE=offline
+    keeps it on this machine)"""
+    wandb_project: str = "keelrl"
+    """W&B project (with --track)"""
+    wandb_entity: str | None = None
+    """W&B entity, a user or team (with --track; default: your own)"""
+    wandb_group: str | None = None
+    """W&B group (with --track; the leaderboard gives each grid its own)"""
+
+
+WATCH_OPTIONS = ("quiet", "progress_seconds", "capture_video", "track", "wandb_project", "wandb_entity", "wandb_group")
+"""How a run is watched: under --resume these come from the new command line, not the saved config."""
+RUNTIME_OPTIONS = ("threads", "device")
+"""Where a run computes, which does not change its algorithm: under --resume these come from the new command line
+too (`device` for the agents that have it)."""
+
+
+def require_positive_counts(config: Any, *names: str) -> None:
+    """Refuse a count option (steps, sizes, frequencies) below 1, naming it as on the command line."""
+    for name in names:
+        if getattr(config, name) < 1:
+            raise ValueError(f"--{name.replace('_', '-')} must be positive, got {getattr(config, name)}.")
+
+
+def require_non_negative(config: Any, *names: str) -> None:
+    """Refuse an option below 0 (or NaN), naming it as on the command line."""
+    for name in names:
+        if not getattr(config, name) >= 0:
+            raise ValueError(f"--{name.replace('_', '-')} must be non-negative, got {getattr(config, name)}.")
+
+
+def validate_run_options(config: RunOptions, total: str) -> None:
+    """Reject run option values no run can use, with the option's command-line name."""
+    require_positive_counts(config, "eval_episodes", "checkpoint_freq", "log_freq", "threads", total)
+    require_non_negative(config, "eval_freq", "progress_seconds", "checkpoint_minutes")
+    if config.extend_to is not None:
+        if config.resume is None:
+            raise ValueError("--extend-to trains a saved run further: give it with --resume RUN_DIR.")
+        if config.extend_to < getattr(config, total):
+            raise ValueError(f"--extend-to {config.extend_to} is below the run's --{total.replace('_', '-')} "
+                             f"{getattr(config, total)}: a run cannot be shortened.")
+
+
+def apply_preset(config: Any, presets: dict[str, dict[str, Any]]) -> Any:
+    """The config with `config.preset`'s settings (None: unchanged). An option set to a third value (neither its
+    default nor the preset's) contradicts the preset and is refused."""
+    if config.preset is None:
+        return config
+    defaults = type(config)()
+    for name, value in presets[config.preset].items():
+        given = getattr(config, name)
+        if given != value and given != getattr(defaults, name):
+            raise ValueError(f"--preset {config.preset} sets --{name.replace('_', '-')} {value}, but "
+                             f"--{name.replace('_', '-')} {given} was also given: drop one of them.")
+    return dataclasses.replace(config, **presets[config.preset])
+
+
+def set_threads(threads: int) -> None:
+    """Set torch's intra-op threads (see DEFAULT_THREADS for why the default is what it is)."""
+    if threads < 1:
+        raise ValueError(f"threads must be at least 1, got {threads}.")
+    torch.set_num_threads(threads)
+
+
+def seed_everything(seed: int) -> None:
+    """One seed for python, numpy and torch; envs are seeded by make_vec_env."""
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def run_cli(train: Callable[[Any], Any], config_cls: type, args: list[str] | None = None) -> int:
+    """Parse `config_cls` from the command line and train; a user error prints one line, exit code 2; a run
+    stopped by SIGTERM or Ctrl-C (with its checkpoint written) gives 128 + the signal number."""
+    import tyro
+
+    config = tyro.cli(config_cls, args=args)
+    try:
+        train(config)
+    except (ValueError, FileNotFoundError, FloatingPointError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    except RunStopped as stop:  # the run said how to resume it
+        return stop.code
+    except KeyboardInterrupt:  # Ctrl-C before or after the training loop, where no checkpoint is written
+        print("interrupted outside the training loop: continue from the run's last checkpoint, if it has one, with "
+              "--resume RUN_DIR", file=sys.stderr)
+        return 130
+    return 0

@@ -1,0 +1,119 @@
+"""A run's directory, its config.json, and what --resume and --extend-to make of an earlier run's.
+
+runs/{env_id}__{algo}__{seed}__{unix_time}/ holds config.json (the resolved config), the logs, checkpoint.pt
+(+ buffer.pt for off-policy agents) and, once the run is finished, model.pt. `--resume RUN_DIR` continues it
+with its saved config, taking from the new command line only how the run is watched and where it computes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from keelrl.agents.harness.checkpoints import CHECKPOINT_FILE, MODEL_FILE, read_checkpoint
+from keelrl.agents.harness.options import RUNTIME_OPTIONS, WATCH_OPTIONS
+
+CONFIG_FILE = "config.json"
+
+
+def new_run_dir(root: str, env_id: str, algo: str, seed: int) -> Path:
+    """runs/{env_id}__{algo}__{seed}__{unix_time}/ (a suffix is added if the name is taken)."""
+    base = Path(root) / f"{env_id.replace('/', '_')}__{algo}__{seed}__{int(time.time())}"
+    run_dir, n = base, 1
+    while run_dir.exists():
+        run_dir, n = Path(f"{base}_{n}"), n + 1
+    run_dir.mkdir(parents=True)
+    return run_dir
+
+
+def save_config(run_dir: Path, algo: str, config: Any) -> None:
+    payload = {"algo": algo, "config": dataclasses.asdict(config)}
+    (run_dir / CONFIG_FILE).write_text(json.dumps(payload, indent=2, default=str))
+
+
+def load_run_config(run_dir: str | os.PathLike, algo: str, config_cls: type) -> Any:
+    """The config of an earlier run, checking the directory is a run of this algorithm."""
+    run_dir = Path(run_dir)
+    config_path, checkpoint_path = run_dir / CONFIG_FILE, run_dir / CHECKPOINT_FILE
+    if not run_dir.is_dir():
+        raise FileNotFoundError(f"--resume {run_dir}: no such directory.")
+    if not config_path.is_file() or not checkpoint_path.is_file():
+        raise ValueError(
+            f"--resume {run_dir}: not a keelrl run directory with a checkpoint "
+            f"(expected {CONFIG_FILE} and {CHECKPOINT_FILE}; a run writes its first checkpoint after "
+            f"checkpoint_freq steps)."
+        )
+    try:
+        payload = json.loads(config_path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise ValueError(f"--resume {run_dir}: {config_path} is damaged, not JSON ({err}).") from None
+    if not isinstance(payload, dict) or not isinstance(payload.get("config"), dict):
+        raise ValueError(f"--resume {run_dir}: {config_path} is not a keelrl run config "
+                         f'(expected {{"algo": ..., "config": {{...}}}}).')
+    if payload.get("algo") != algo:
+        raise ValueError(
+            f"--resume {run_dir}: that run is {payload.get('algo')!r}, not {algo!r}; "
+            f"resume it with keelrl.agents.{payload.get('algo')}."
+        )
+    fields = {f.name for f in dataclasses.fields(config_cls)}
+    # JSON turned the configs' tuples (hidden sizes, ...) into lists
+    values = {k: tuple(v) if isinstance(v, list) else v for k, v in payload["config"].items() if k in fields}
+    wrong = _wrongly_typed_fields(config_cls, values)
+    if wrong:
+        raise ValueError(f"--resume {run_dir}: {config_path} holds values of the wrong type for "
+                         f"{', '.join(wrong)}; it is damaged or was edited by hand.")
+    return config_cls(**values)
+
+
+def _wrongly_typed_fields(config_cls: type, values: dict[str, Any]) -> list[str]:
+    """Names of the fields whose value is not of the type of the field's default (None always passes)."""
+    wrong = []
+    for field in dataclasses.fields(config_cls):
+        value, default = values.get(field.name), field.default
+        if value is None or default is None or default is dataclasses.MISSING:
+            continue
+        if isinstance(default, bool) or not isinstance(default, (int, float)):
+            fits = isinstance(value, type(default))
+        else:  # an int fits a float field; a bool fits neither
+            fits = isinstance(value, int if isinstance(default, int) else (int, float)) and not isinstance(value, bool)
+        if not fits:
+            wrong.append(field.name)
+    return wrong
+
+
+def start_or_resume(config: Any, algo: str, validate: Callable[[Any], None], total: str,
+                    keep_from_command_line: tuple[str, ...], checkpoint_keys: tuple[str, ...],
+                    ) -> tuple[Any, Path | None, dict[str, Any] | None]:
+    """A new run's validated config (and no run directory or checkpoint yet). Under `--resume RUN_DIR`: the
+    interrupted run's saved config, with the watch and runtime options and `keep_from_command_line` taken from
+    this command line and --extend-to applied (the new `total` is saved, so a later plain --resume continues to
+    it); its directory; and its checkpoint, which must hold `checkpoint_keys`. A finished run (with its model.pt)
+    is refused unless extended."""
+    if config.resume is None:
+        validate(config)
+        return config, None, None
+    run_dir = Path(config.resume)
+    saved = load_run_config(run_dir, algo, type(config))
+    names = (*WATCH_OPTIONS, *RUNTIME_OPTIONS, "extend_to", *keep_from_command_line)
+    overrides = {name: getattr(config, name) for name in names if hasattr(config, name)}
+    saved = dataclasses.replace(saved, resume=str(run_dir), **overrides)
+    validate(saved)
+    checkpoint = read_checkpoint(run_dir / CHECKPOINT_FILE, algo)
+    missing = [key for key in checkpoint_keys if key not in checkpoint]
+    if missing:
+        raise ValueError(f"{run_dir / CHECKPOINT_FILE} is not a checkpoint of a {algo} run (no "
+                         f"{', '.join(missing)}); it is damaged, comes from another program or from an earlier keelrl "
+                         f"version: start a new run.")
+    if saved.extend_to is not None:
+        saved = dataclasses.replace(saved, **{total: saved.extend_to}, extend_to=None)
+        save_config(run_dir, algo, saved)
+    if checkpoint["global_step"] >= getattr(saved, total) and (run_dir / MODEL_FILE).is_file():
+        raise ValueError(f"--resume {run_dir}: the run is finished ({checkpoint['global_step']} of its "
+                         f"{getattr(saved, total)} --{total.replace('_', '-')}); train it on with --resume {run_dir} "
+                         f"--extend-to N.")
+    return saved, run_dir, checkpoint
