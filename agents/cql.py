@@ -33,7 +33,6 @@ import torch.nn.functional as F
 from torch import nn
 
 from keelrl.agents.harness.checkpoints import SavedAgent
-from keelrl.agents.harness.evaluation import play_episodes
 from keelrl.agents.harness.loop import Run, TrainResult
 from keelrl.agents.harness.options import RunOptions, require_positive_counts, run_cli, validate_run_options
 from keelrl.agents.iql import load_attacker
@@ -45,6 +44,7 @@ from keelrl.buffers.offline import (
     prepare_dataset,
     validate_dataset_options,
 )
+from keelrl.envs import play_episodes
 from keelrl.envs.video import gym_video
 from keelrl.networks import (
     CriticEnsemble,

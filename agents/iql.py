@@ -14,7 +14,7 @@ The algorithm, top to bottom (no action outside the dataset is ever evaluated):
 - the loop: load the dataset (corrupted if asked), fit the observation statistics to it, then update on
   uniform batches, evaluating the deterministic policy in the dataset's environment (return and D4RL score).
 agents/riql.py is RIQL, IQL made robust to corrupted data: it overrides `initialise_critic`, `fit_normalizer`,
-`combine_targets`, `td_target` and `regression_loss`. A saved IQL or RIQL agent is also what the adversarial
+`combine_targets`, `bellman_target` and `regression_loss`. A saved IQL or RIQL agent is also what the adversarial
 data corruption attacks (`load_attacker`). The dataset comes from keelrl.buffers (DatasetOptions,
 prepare_dataset, DatasetBuffer), the networks and optimiser steps from keelrl.networks, the run plumbing (logs,
 evaluations, checkpoints, resume) from keelrl.agents.harness.
@@ -32,7 +32,6 @@ import torch.nn.functional as F
 from torch import nn
 
 from keelrl.agents.harness.checkpoints import SavedAgent, read_checkpoint
-from keelrl.agents.harness.evaluation import play_episodes
 from keelrl.agents.harness.loop import Run, TrainResult
 from keelrl.agents.harness.options import RunOptions, require_positive_counts, run_cli, validate_run_options
 from keelrl.buffers import Batch
@@ -44,6 +43,7 @@ from keelrl.buffers.offline import (
     prepare_dataset,
     validate_dataset_options,
 )
+from keelrl.envs import play_episodes
 from keelrl.envs.video import gym_video
 from keelrl.networks import (
     CriticEnsemble,
@@ -254,9 +254,9 @@ class IQL(SavedAgent):
         """Q's loss: one-step TD onto the target, no maximisation over actions; and the critics' Q-values (E, B),
         detached."""
         q = self.critic(batch.obs, batch.actions)[..., 0]  # (E, B)
-        return self.regression_loss(q, self.td_target(batch, next_v).expand_as(q)), q.detach()
+        return self.regression_loss(q, self.bellman_target(batch, next_v).expand_as(q)), q.detach()
 
-    def td_target(self, batch: Batch, next_v: torch.Tensor) -> torch.Tensor:
+    def bellman_target(self, batch: Batch, next_v: torch.Tensor) -> torch.Tensor:
         """r + γ(1 − terminated) V(s') (B,)."""
         return batch.rewards + batch.discounts * (1.0 - batch.terminated) * next_v
 
@@ -288,8 +288,8 @@ def load_attacker(path: str) -> tuple[QFunction, Policy]:
     every algorithm with one pre-trained agent's critic (EDAC's there), keelrl attacks with an IQL-family one."""
     state = read_checkpoint(path, algo=None)
     if state["algo"] not in ("iql", "riql"):
-        raise ValueError(f"--attack-model {path} is a {state['algo']!r} model; adversarial corruption attacks the critic "
-                         f"of an IQL or RIQL agent trained on the clean dataset (python -m keelrl.agents.iql).")
+        raise ValueError(f"--attack-model {path} is a {state['algo']!r} model; adversarial corruption attacks the "
+                         f"critic of an IQL or RIQL agent trained on the clean dataset (python -m keelrl.agents.iql).")
     attacker = IQL.from_model_file(state).requires_grad_(False)  # RIQL's networks are IQL's
     return attacker.attack_q, attacker.attack_policy
 

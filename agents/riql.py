@@ -129,9 +129,9 @@ class RIQL(IQL):
             return torch.quantile(q_all, self.config.quantile, dim=0)
         return super().combine_targets(q_all)
 
-    def td_target(self, batch: Batch, next_v: torch.Tensor) -> torch.Tensor:
+    def bellman_target(self, batch: Batch, next_v: torch.Tensor) -> torch.Tensor:
         """IQL's r + γ(1 − terminated) V(s'), clipped into `target_clip` ([−100, 1000]) (RIQL)."""
-        target = super().td_target(batch, next_v)
+        target = super().bellman_target(batch, next_v)
         return target if self.config.target_clip is None else target.clamp(*self.config.target_clip)
 
     def regression_loss(self, q: torch.Tensor, target: torch.Tensor) -> torch.Tensor:

@@ -24,7 +24,8 @@ import torch
 
 from keelrl.agents.harness.loop import Run, TrainResult
 from keelrl.agents.harness.options import run_cli
-from keelrl.agents.lagrange import CostCritic, LagrangeOptions, build_multiplier, lagrangian_actor_loss, validate_lagrange
+from keelrl.agents.lagrange import CostCritic, LagrangeOptions, build_multiplier, validate_lagrange
+from keelrl.agents.lagrange import lagrangian_actor_loss
 from keelrl.agents.sac import SAC, SACConfig, evaluate, resolve
 from keelrl.agents.sac import validate as validate_sac
 from keelrl.buffers import Batch, ReplayBuffer

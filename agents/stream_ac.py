@@ -27,7 +27,8 @@ import torch.nn.functional as F
 
 from keelrl.agents.harness.checkpoints import SavedStreamAgent
 from keelrl.agents.harness.loop import Run, TrainResult
-from keelrl.agents.harness.options import RunOptions, run_cli, validate_run_options
+from keelrl.agents.harness.options import RunOptions, run_cli
+from keelrl.agents.stream_options import StreamOptions, validate_stream_options
 from keelrl.envs.streaming_wrappers import (
     Transition,
     frozen_stream_env,
@@ -45,37 +46,17 @@ ALGO = "stream_ac"
 
 
 @dataclasses.dataclass
-class StreamACConfig(RunOptions):
+class StreamACConfig(StreamOptions, RunOptions):
     env_id: str = "Hopper-v5"
     """gymnasium environment id (one env, flat observations; Box or Discrete actions)"""
     total_timesteps: int = 1_000_000
     """environment steps (= updates) to train for"""
-    gamma: float = 0.99
-    """discount factor"""
-    lam: float = 0.8
-    """trace decay λ: eligibility traces decay by γλ per step"""
-    lr: float = 1.0
-    """ObGD learning rate of both networks (the step size before the overshooting bound)"""
-    kappa_value: float = 2.0
-    """ObGD bound κ of the value network"""
     kappa_policy: float = 3.0
     """ObGD bound κ of the policy network"""
     entropy_coef: float = 0.01
     """entropy bonus c in the policy objective log π + c·sign(δ)·H"""
     hidden_sizes: tuple[int, ...] = (128, 128)
     """hidden layer widths of both networks (Linear → LayerNorm without affine → leaky ReLU each)"""
-    sparsity: float = 0.9
-    """fraction of each weight row's inputs zeroed at initialisation"""
-    adaptive: bool = False
-    """adaptive ObGD: trace coordinates divided by the root of a running mean of (δe)²"""
-    beta2: float = 0.999
-    """decay of adaptive ObGD's running mean of (δe)²"""
-    normalize_obs: bool = True
-    """standardise observations by running Welford mean and variance"""
-    scale_rewards: bool = True
-    """divide rewards by the running std of a discounted-return trace"""
-    time_feature: bool = True
-    """append the fraction of the time limit still ahead to the observation"""
     eval_freq: int = 20_000
     """environment steps between evaluations (0: only at the end)"""
     checkpoint_freq: int = 100_000
@@ -84,19 +65,10 @@ class StreamACConfig(RunOptions):
 
 def validate(config: StreamACConfig) -> None:
     """Reject option values no run can use, with the option's command-line name."""
-    validate_run_options(config, "total_timesteps")
-    for name in ("gamma", "lam", "beta2"):
-        if not 0.0 <= getattr(config, name) <= 1.0:
-            raise ValueError(f"--{name} must lie in [0, 1], got {getattr(config, name)}.")
-    if config.lr <= 0 or config.kappa_value <= 0 or config.kappa_policy <= 0:
-        raise ValueError(f"--lr, --kappa-value and --kappa-policy must be positive, got {config.lr}, "
-                         f"{config.kappa_value} and {config.kappa_policy}.")
-    if config.entropy_coef < 0:
-        raise ValueError(f"--entropy-coef must be non-negative, got {config.entropy_coef}.")
-    if not 0.0 <= config.sparsity < 1.0:
-        raise ValueError(f"--sparsity must lie in [0, 1), got {config.sparsity}.")
-    if not config.hidden_sizes or min(config.hidden_sizes) < 1:
-        raise ValueError(f"--hidden-sizes needs positive widths, got {config.hidden_sizes}.")
+    validate_stream_options(config)
+    if config.kappa_policy <= 0 or config.entropy_coef < 0:
+        raise ValueError(f"--kappa-policy must be positive and --entropy-coef non-negative, got "
+                         f"{config.kappa_policy} and {config.entropy_coef}.")
 
 
 def check_action_space(action_space: gym.Space, env_id: str) -> None:

@@ -26,7 +26,8 @@ import torch
 
 from keelrl.agents.harness.checkpoints import SavedStreamAgent
 from keelrl.agents.harness.loop import Run, TrainResult
-from keelrl.agents.harness.options import RunOptions, run_cli, validate_run_options
+from keelrl.agents.harness.options import RunOptions, run_cli
+from keelrl.agents.stream_options import StreamOptions, validate_stream_options
 from keelrl.agents.stream_ac import StreamAC
 from keelrl.agents.stream_q import StreamQ
 from keelrl.envs.streaming_wrappers import (
@@ -52,35 +53,15 @@ UNSEEN_TAIL_WEIGHT = 0.01
 
 
 @dataclasses.dataclass
-class StreamTDConfig(RunOptions):
+class StreamTDConfig(StreamOptions, RunOptions):
     env_id: str = "CartPole-v1"
     """gymnasium environment id (one env, flat observations)"""
     total_timesteps: int = 100_000
     """environment steps (= updates) to train for"""
     policy: str = "random"
     """the policy to evaluate: "random" (uniform actions) or the model.pt of a stream_ac or stream_q run"""
-    gamma: float = 0.99
-    """discount factor"""
-    lam: float = 0.8
-    """trace decay λ: eligibility traces decay by γλ per step"""
-    lr: float = 1.0
-    """ObGD learning rate (the step size before the overshooting bound)"""
-    kappa_value: float = 2.0
-    """ObGD bound κ of the value network"""
     hidden_sizes: tuple[int, ...] = (32, 32)
     """hidden layer widths (Linear → LayerNorm without affine → leaky ReLU each)"""
-    sparsity: float = 0.9
-    """fraction of each weight row's inputs zeroed at initialisation"""
-    adaptive: bool = False
-    """adaptive ObGD: trace coordinates divided by the root of a running mean of (δe)²"""
-    beta2: float = 0.999
-    """decay of adaptive ObGD's running mean of (δe)²"""
-    normalize_obs: bool = True
-    """standardise observations by running Welford mean and variance (a loaded policy's own, frozen)"""
-    scale_rewards: bool = True
-    """divide rewards by the running std of a discounted-return trace"""
-    time_feature: bool = True
-    """append the fraction of the time limit still ahead to the observation"""
     eval_freq: int = 20_000
     """environment steps between evaluations (0: only at the end)"""
     checkpoint_freq: int = 100_000
@@ -89,16 +70,7 @@ class StreamTDConfig(RunOptions):
 
 def validate(config: StreamTDConfig) -> None:
     """Reject option values no run can use, with the option's command-line name."""
-    validate_run_options(config, "total_timesteps")
-    for name in ("gamma", "lam", "beta2"):
-        if not 0.0 <= getattr(config, name) <= 1.0:
-            raise ValueError(f"--{name} must lie in [0, 1], got {getattr(config, name)}.")
-    if config.lr <= 0 or config.kappa_value <= 0:
-        raise ValueError(f"--lr and --kappa-value must be positive, got {config.lr} and {config.kappa_value}.")
-    if not 0.0 <= config.sparsity < 1.0:
-        raise ValueError(f"--sparsity must lie in [0, 1), got {config.sparsity}.")
-    if not config.hidden_sizes or min(config.hidden_sizes) < 1:
-        raise ValueError(f"--hidden-sizes needs positive widths, got {config.hidden_sizes}.")
+    validate_stream_options(config)
 
 
 def check_action_space(action_space: gym.Space, env_id: str) -> None:

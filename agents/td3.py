@@ -27,7 +27,6 @@ import torch
 from torch import nn
 
 from keelrl.agents.harness.checkpoints import SavedAgent
-from keelrl.agents.harness.evaluation import play_episodes
 from keelrl.agents.harness.loop import Run, TrainResult
 from keelrl.agents.harness.options import (
     RunOptions,
@@ -38,7 +37,7 @@ from keelrl.agents.harness.options import (
     validate_run_options,
 )
 from keelrl.buffers import Batch, ReplayBuffer
-from keelrl.envs import make_vec_env, require_box_actions
+from keelrl.envs import make_vec_env, play_episodes, require_box_actions
 from keelrl.envs.video import gym_video
 from keelrl.networks import (
     CriticEnsemble,

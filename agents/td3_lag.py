@@ -24,7 +24,8 @@ import torch
 
 from keelrl.agents.harness.loop import Run, TrainResult
 from keelrl.agents.harness.options import run_cli
-from keelrl.agents.lagrange import CostCritic, LagrangeOptions, build_multiplier, lagrangian_actor_loss, validate_lagrange
+from keelrl.agents.lagrange import CostCritic, LagrangeOptions, build_multiplier, validate_lagrange
+from keelrl.agents.lagrange import lagrangian_actor_loss
 from keelrl.agents.td3 import TD3, TD3Config, evaluate, resolve
 from keelrl.agents.td3 import validate as validate_td3
 from keelrl.buffers import Batch, ReplayBuffer

@@ -42,7 +42,6 @@ import numpy as np
 import torch
 
 from keelrl.agents.harness.checkpoints import CHECKPOINT_FILE
-from keelrl.agents.harness.evaluation import play_episodes
 from keelrl.agents.harness.logs import progress_bar
 from keelrl.agents.sac import SAC, SACConfig
 from keelrl.agents.sac import train as train_sac
@@ -56,7 +55,7 @@ from keelrl.buffers.offline import (
     normalized_score,
     write_minari_dataset,
 )
-from keelrl.envs import make_vec_env
+from keelrl.envs import make_vec_env, play_episodes
 
 DatasetKind = Literal["random", "medium", "medium-replay", "expert", "medium-expert"]
 ALL_KINDS: tuple[DatasetKind, ...] = ("random", "medium", "medium-replay", "expert", "medium-expert")

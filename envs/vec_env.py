@@ -12,11 +12,15 @@ keelrl uses *same-step* autoreset on every backend. When sub-env i ends an episo
 
 `terminated` and `truncated` are kept apart: a time-limit truncation is not a termination, and
 agents bootstrap through it from the true final observation.
+
+`play_episodes(policy, env_id, episodes, seed)` plays one episode per sub-env of fresh envs (sub-env i seeded
+seed + i) and returns their returns and costs: every agent's `evaluate` is it, on the agent's policy.
 """
 
 from __future__ import annotations
 
 import difflib
+from collections.abc import Callable
 from typing import Any
 
 import gymnasium as gym
@@ -285,6 +289,34 @@ def make_vec_env(
     backend_cls = _GymnasiumBackend if backend == "gymnasium" else _EnvpoolBackend
     backend_env = backend_cls(env_id, num_envs, seed, dict(env_kwargs or {}))
     return VecEnv(backend_env, env_id, num_envs, normalize_obs, normalize_reward, gamma)
+
+
+def play_episodes(
+    policy: Callable[[np.ndarray], np.ndarray],
+    env_id: str,
+    episodes: int,
+    seed: int,
+    env_kwargs: dict[str, Any] | None = None,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Run `episodes` episodes in parallel (one per sub-env) and return their returns and costs.
+
+    `policy` maps a batch of raw observations (episodes, *obs_shape) to
+    a batch of actions. Sub-env i is seeded with seed + i.
+    """
+    env = make_vec_env(env_id, num_envs=episodes, seed=seed, env_kwargs=env_kwargs)
+    returns = np.full(episodes, np.nan)
+    costs = np.zeros(episodes)
+    finished = np.zeros(episodes, bool)
+    obs, _ = env.reset()
+    while not finished.all():
+        obs, _, _, _, info = env.step(policy(obs))
+        if "_episode" in info:
+            first = info["_episode"] & ~finished
+            returns[first] = info["episode"]["return"][first]
+            costs[first] = info["episode"]["cost"][first]
+            finished |= first
+    env.close()
+    return returns, costs
 
 
 def require_box_actions(env: VecEnv, agent: str) -> None:

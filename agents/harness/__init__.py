@@ -5,8 +5,8 @@
     run_directory.py  the run directory, config.json, and what --resume and --extend-to make of an earlier run
     options.py        `RunOptions` (the options every run has), their checks, presets, threads and seeds, and
                       `run_cli`, the command line that turns a user's mistake into one line and exit code 2
-    logs.py           TensorBoard (CleanRL's scalar names), episodes.csv and eval.csv, W&B, progress bar and lines
-    evaluation.py     `play_episodes`, the rollouts every agent's `evaluate` runs, and filming (--capture-video)
+    logs.py           TensorBoard (CleanRL's scalar names), episodes.csv and eval.csv, videos (--capture-video),
+                      W&B, the progress bar and lines
     checkpoints.py    checkpoints (stamped with their replay buffer), model files, random states, and
                       `SavedAgent`, the save/load methods every agent's networks share
     stopping.py       SIGTERM and Ctrl-C: finish the step, checkpoint, exit 128 + the signal number

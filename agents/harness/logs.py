@@ -1,5 +1,6 @@
 """What a run writes down and shows while it trains: TensorBoard scalars with CleanRL's names, episodes.csv and
-eval.csv, W&B (--track), and the progress a person watching sees (a bar on a terminal, plain lines elsewhere)."""
+eval.csv, videos of the policy (--capture-video), W&B (--track), and the progress a person watching sees (a bar
+on a terminal, plain lines elsewhere)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,9 @@ from types import ModuleType
 from typing import Any
 
 import numpy as np
+
+from keelrl.agents.harness.checkpoints import one_line
+from keelrl.envs.video import VideoSource, VideoUnavailable, film_episode, offscreen_gl_backend, write_mp4
 
 
 class RunLogger:
@@ -81,6 +85,41 @@ class RunLogger:
         self.writer.close()
         for handle, _ in (self._episodes, self._evals):
             handle.close()
+
+
+class Filming:
+    """--capture-video: after each evaluation, an episode of the current policy replayed with the evaluation's
+    seed, written as RUN_DIR/videos/step{N}.mp4 with a row of videos/videos.csv (return, cost, length) and a
+    frame in TensorBoard. A machine that cannot render offscreen, or a failure later, is said in one line and
+    training goes on without video."""
+
+    def __init__(self, video: VideoSource):
+        self.video: VideoSource | None = video
+        try:
+            offscreen_gl_backend()
+        except VideoUnavailable as err:
+            print(f"--capture-video: {err}; training goes on without video.", file=sys.stderr)
+            self.video = None
+
+    def film(self, run_dir: Path, step: int, writer: Any) -> None:
+        """Film one episode at `step`; `writer`: the run's TensorBoard SummaryWriter."""
+        if self.video is None:
+            return
+        try:
+            episode = film_episode(self.video)
+            path = run_dir / "videos" / f"step{step:09d}.mp4"
+            write_mp4(path, episode.frames, episode.fps)
+        except Exception as err:  # VideoUnavailable, or one of the many types rendering raises without GL
+            print(f"--capture-video: no video ({one_line(err)}); training goes on without video.", file=sys.stderr)
+            self.video = None
+            return
+        index = path.parent / "videos.csv"
+        new_index = not index.is_file()
+        with index.open("a") as f:
+            if new_index:
+                f.write("global_step,file,return,cost,length\n")
+            f.write(f"{step},{path.name},{episode.episode_return},{episode.cost},{len(episode.frames)}\n")
+        writer.add_image("eval/video_frame", episode.frames[len(episode.frames) // 2], step, dataformats="HWC")
 
 
 def progress_bar(total: int, initial: int, quiet: bool):

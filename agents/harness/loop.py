@@ -33,8 +33,7 @@ from keelrl.agents.harness.checkpoints import (
     rng_state,
     write_checkpoint,
 )
-from keelrl.agents.harness.evaluation import Filming
-from keelrl.agents.harness.logs import Progress, RunLogger, import_wandb, start_wandb
+from keelrl.agents.harness.logs import Filming, Progress, RunLogger, import_wandb, start_wandb
 from keelrl.agents.harness.options import RunOptions, seed_everything, set_threads
 from keelrl.agents.harness.run_directory import new_run_dir, save_config, start_or_resume
 from keelrl.agents.harness.stopping import RunStopped, StopSignals, signal_name

@@ -54,7 +54,8 @@ class StopSignals:
             self.received = signum
             _say(f"{signal_name(signum)}: finishing this step, then writing a checkpoint before stopping\n")
         else:
-            _say(f"{signal_name(signum)} while stopping: ignored; the run finishes its step and writes its checkpoint\n")
+            _say(f"{signal_name(signum)} while stopping: ignored; the run finishes its step and writes its "
+                 f"checkpoint\n")
 
 
 def _say(text: str) -> None:
