@@ -58,12 +58,14 @@ from keelrl.networks import build_critic, loss_function, make_optimizer, optimiz
 class LagrangeOptions:
     cost_limit: float = 25.0
     """largest allowed undiscounted episode cost (25: the Safety-Gymnasium/OmniSafe benchmark budget)"""
-    multiplier: Literal["gradient", "pid"] = "gradient"
-    """λ update: projected gradient ascent on episode cost − limit, or the PID Lagrangian"""
+    multiplier: Literal["gradient", "pid", "adam"] = "gradient"
+    """λ update: projected gradient ascent on episode cost − limit, the PID Lagrangian, or Adam on −λ (cost −
+    limit) with λ clamped at 0 (OmniSafe's Lagrange)"""
     lambda_init: float = 0.0
     """initial Lagrange multiplier"""
     lambda_lr: float = 1e-3
-    """gradient multiplier's step: λ moves by lambda_lr × (mean cost of the episodes just ended − limit)"""
+    """gradient multiplier's step: λ moves by lambda_lr × (mean cost of the episodes just ended − limit); the Adam
+    multiplier's learning rate"""
     pid_kp: float = 0.1
     """PID multiplier: proportional gain on episode cost − limit"""
     pid_ki: float = 0.01
@@ -145,7 +147,34 @@ class PIDMultiplier(Multiplier):
         self.previous_cost.fill_(episode_cost)
 
 
+class AdamMultiplier(Multiplier):
+    """OmniSafe's Lagrange (omnisafe/common/lagrange.py:99-136, read at 15603dd): λ is a parameter stepped by
+    torch.optim.Adam (β 0.9, 0.999, ε 1e-8) on the loss −λ (J_c − d), then clamped at 0, once per `update`. Adam
+    normalises the step, so λ moves by about lambda_lr per update whatever the size of the violation. Written out
+    here (gradient g = d − J_c; m, v and the step count are buffers, so they travel with checkpoints):
+        m ← β1 m + (1 − β1) g,  v ← β2 v + (1 − β2) g²,  λ ← max(0, λ − lr/(1 − β1ᵗ) · m / (√v/√(1 − β2ᵗ) + ε))."""
+
+    BETA1, BETA2, EPS = 0.9, 0.999, 1e-8
+
+    def __init__(self, cost_limit: float, lr: float, init: float, warmup: int = 0):
+        super().__init__(cost_limit, max(init, 0.0), warmup)
+        self.lr = lr
+        for name in ("exp_avg", "exp_avg_sq", "steps"):
+            self.register_buffer(name, torch.zeros((), dtype=torch.float64))
+
+    def update(self, episode_cost: float) -> None:
+        gradient = self.cost_limit - episode_cost  # d/dλ of −λ (J_c − d)
+        self.steps += 1
+        self.exp_avg.mul_(self.BETA1).add_((1 - self.BETA1) * gradient)
+        self.exp_avg_sq.mul_(self.BETA2).add_((1 - self.BETA2) * gradient**2)
+        bias1, bias2 = 1 - self.BETA1**self.steps, 1 - self.BETA2**self.steps
+        step = self.lr / bias1 * self.exp_avg / (self.exp_avg_sq.sqrt() / bias2.sqrt() + self.EPS)
+        self.value.copy_((self.value - step).clamp(min=0.0))
+
+
 def build_multiplier(config: LagrangeOptions) -> Multiplier:
+    if config.multiplier == "adam":
+        return AdamMultiplier(config.cost_limit, config.lambda_lr, config.lambda_init, config.lambda_warmup)
     if config.multiplier == "pid":
         return PIDMultiplier(config.cost_limit, config.pid_kp, config.pid_ki, config.pid_kd, config.lambda_init,
                              config.lambda_warmup)

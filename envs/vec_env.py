@@ -27,6 +27,7 @@ import gymnasium as gym
 import numpy as np
 import torch
 
+from keelrl.envs.episode_state import episode_state, load_episode_state
 from keelrl.envs.normalize import ObsNormalizer, RewardNormalizer
 
 BACKENDS = ("gymnasium", "envpool")
@@ -231,6 +232,30 @@ class VecEnv:
                                  f"{'on' if normalizer is not None else 'off'}: use the same normalisation flags.")
             if normalizer is not None:
                 normalizer.load_state_dict(state[key])
+
+    def episode_state(self) -> dict[str, Any] | None:
+        """The episodes in progress: every sub-env's state and the statistics of its episode so far, or None when
+        they cannot be saved (envpool, or an env keelrl.envs.episode_state does not cover)."""
+        if not isinstance(self._backend, _GymnasiumBackend):
+            return None
+        envs = [episode_state(env) for env in self._backend.envs]
+        if any(state is None for state in envs):
+            return None
+        return {"envs": envs, "num_steps": self.num_steps, "return": self._episode_return.tolist(),
+                "length": self._episode_length.tolist(), "cost": self._episode_cost.tolist()}
+
+    def load_episode_state(self, state: dict[str, Any] | None) -> bool:
+        """Go on with the episodes `episode_state` saved (True); with None, keep the episodes the envs are in
+        (False). Reset the envs before: their episodes are replaced."""
+        if state is None:
+            return False
+        for env, env_state in zip(self._backend.envs, state["envs"], strict=True):
+            load_episode_state(env, env_state)
+        self.num_steps = state["num_steps"]
+        self._episode_return[:] = state["return"]
+        self._episode_length[:] = state["length"]
+        self._episode_cost[:] = state["cost"]
+        return True
 
     def close(self) -> None:
         self._backend.close()

@@ -26,6 +26,16 @@ def mlp(
     return nn.Sequential(*layers)
 
 
+def orthogonal_init_(net: nn.Sequential, last_gain: float, gain: float = 2**0.5) -> nn.Sequential:
+    """CleanRL's `layer_init` on every Linear of `net`: orthogonal weights with `gain` (the last layer's with
+    `last_gain`), zero biases."""
+    linears = [layer for layer in net if isinstance(layer, nn.Linear)]
+    for layer in linears:
+        nn.init.orthogonal_(layer.weight, last_gain if layer is linears[-1] else gain)
+        nn.init.zeros_(layer.bias)
+    return net
+
+
 class EnsembleLinear(nn.Module):
     """`num_members` independent Linear layers evaluated as one batched matmul.
 

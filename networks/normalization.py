@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -44,17 +45,32 @@ class RunningObsNorm(nn.Module):
         self.eps_on = eps_on
 
     @torch.no_grad()
-    def update(self, batch: torch.Tensor) -> None:
-        """Fold a batch (B, *shape) into the statistics."""
-        batch = batch.to(self.mean.device, torch.float64)
-        batch_count = batch.shape[0]
-        batch_mean = batch.mean(0)
-        batch_var = batch.var(0, unbiased=False)
-        total = self.count + batch_count
-        delta = batch_mean - self.mean
-        self.mean += delta * (batch_count / total)
-        self.var.copy_((self.var * self.count + batch_var * batch_count + delta**2 * (self.count * batch_count / total)) / total)
-        self.count.copy_(total)
+    def update(self, batch: torch.Tensor | np.ndarray) -> None:
+        """Fold a batch (B, *shape) into the statistics. On the CPU the merge runs in numpy on the buffers' own
+        memory, and a single row needs no reduction (its mean is itself, its variance 0): the same float64
+        arithmetic in a few µs where a dozen small torch ops take a hundred, which matters when an agent updates
+        the statistics at every environment step."""
+        if self.mean.device.type != "cpu":
+            batch = torch.as_tensor(batch).to(self.mean.device, torch.float64)
+            self._merge(batch.mean(0), batch.var(0, unbiased=False), batch.shape[0], self.mean, self.var, self.count)
+            return
+        buffers = self.mean.numpy(), self.var.numpy(), self.count.numpy()
+        if len(batch) == 1:
+            row = (batch.numpy(force=True) if isinstance(batch, torch.Tensor) else np.asarray(batch))[0]
+            self._merge(row.astype(np.float64), 0.0, 1, *buffers)
+            return
+        batch = torch.as_tensor(batch, dtype=torch.float64)
+        self._merge(batch.mean(0).numpy(), batch.var(0, unbiased=False).numpy(), batch.shape[0], *buffers)
+
+    @staticmethod
+    def _merge(batch_mean, batch_var, batch_count: int, mean, var, count) -> None:
+        """Chan et al.'s merge of a batch's mean and (population) variance into mean, var and count, in place
+        (numpy arrays or tensors alike)."""
+        total = count + batch_count
+        delta = batch_mean - mean
+        mean += delta * (batch_count / total)
+        var[...] = (var * count + batch_var * batch_count + delta**2 * (count * batch_count / total)) / total
+        count[...] = total
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         var = self.var.to(x.dtype)

@@ -15,11 +15,11 @@ from torch import nn
 
 
 def make_optimizer(params: list[nn.Parameter], kind: Literal["adam", "adamw"], lr: float,
-                   weight_decay: float = 0.0) -> torch.optim.Optimizer:
+                   weight_decay: float = 0.0, eps: float = 1e-8) -> torch.optim.Optimizer:
     """Adam or AdamW (decoupled weight decay), fused: all of a group's parameters in one kernel (the same
     arithmetic as the per-parameter loop, a few percent faster per SAC update on CPU)."""
     optimizer_cls = torch.optim.AdamW if kind == "adamw" else torch.optim.Adam
-    optimizer = optimizer_cls(params, lr=lr, weight_decay=weight_decay, fused=True)
+    optimizer = optimizer_cls(params, lr=lr, weight_decay=weight_decay, eps=eps, fused=True)
     for group in optimizer.param_groups:
         group["initial_lr"] = lr  # what a learning-rate schedule scales
     return optimizer

@@ -187,19 +187,32 @@ class SavedAgent(nn.Module):
         return agent
 
 
-class SavedStreamAgent(SavedAgent):
-    """`SavedAgent` for the streaming agents: they take (obs_dim, action_space, config), and their model file also
-    keeps the action space and `env_state`, the statistics of the env wrappers they act through."""
+class SavedSpaceAgent(SavedAgent):
+    """`SavedAgent` for the agents built from (obs_dim, action_space, config), Box or Discrete actions: their model
+    file also keeps the action space."""
+
+    def model_file(self) -> dict[str, Any]:
+        return {**super().model_file(), "action_space": space_to_dict(self.action_space)}
+
+    @classmethod
+    def from_model_file(cls, state: dict[str, Any]) -> SavedSpaceAgent:
+        action_space: gym.Space = space_from_dict(state["action_space"])
+        agent = cls(state["obs_dim"], action_space, saved_config(cls.config_cls, state["config"]))
+        agent.load_state_dict(state["networks"])
+        return agent
+
+
+class SavedStreamAgent(SavedSpaceAgent):
+    """`SavedSpaceAgent` for the streaming agents, whose model file also keeps `env_state`: the statistics of the
+    env wrappers they act through."""
 
     env_state: dict[str, dict[str, torch.Tensor]]
 
     def model_file(self) -> dict[str, Any]:
-        return {**super().model_file(), "action_space": space_to_dict(self.action_space), "env_state": self.env_state}
+        return {**super().model_file(), "env_state": self.env_state}
 
     @classmethod
     def from_model_file(cls, state: dict[str, Any]) -> SavedStreamAgent:
-        action_space: gym.Space = space_from_dict(state["action_space"])
-        agent = cls(state["obs_dim"], action_space, saved_config(cls.config_cls, state["config"]))
-        agent.load_state_dict(state["networks"])
+        agent = super().from_model_file(state)
         agent.env_state = state["env_state"]
         return agent

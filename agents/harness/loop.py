@@ -227,9 +227,10 @@ class Run:
         return bool(freq) and self.step % freq < self._last_advance
 
     def _write_losses(self) -> None:
-        """The latest losses and the speed (charts/SPS); a loss that is not finite stops the run."""
+        """The latest losses and the speed (charts/SPS); a loss (a name ending in _loss) that is not finite stops
+        the run."""
         for name, value in self._losses.items():
-            if name.startswith("losses/") and not math.isfinite(float(value)):
+            if name.endswith("_loss") and not math.isfinite(float(value)):
                 raise NonFinite(f"{name} is {float(value)} at {self.unit} {self.step}: {DIVERGED}. {self._kept()}")
         sps = self._speed()
         self.logger.scalars({**self._losses, "charts/SPS": sps}, self.step)

@@ -1,0 +1,168 @@
+"""PPO-Lag: PPO under an episode-cost constraint by Lagrangian relaxation, the Lagrangian parts as OmniSafe's
+PPOLag (PKU-Alignment/omnisafe, read at 15603dd).
+
+Run:     python -m keelrl.agents.ppo_lag --env-id keelrl/SafeHopperVelocity-v1 --cost-limit 25
+Import:  from keelrl.agents.ppo_lag import PPOLag, PPOLagConfig, train, evaluate
+
+The algorithm, top to bottom (what differs from agents/ppo.py is all in this file):
+- PPO's policy, value network, normalisers, rollouts and clipped updates, unchanged (CleanRL's, agents/ppo.py);
+- a cost value network V_c (the value network's architecture) and the rollout's costs; cost advantages by GAE
+  with PPO's γ and λ (OmniSafe's cost_gamma 0.99 and lam_c 0.95: configs/on-policy/PPOLag.yaml:62-66), centred
+  on the rollout's mean but not scaled (omnisafe/common/buffer/onpolicy_buffer.py:232-236, standardized_cost_adv);
+  costs are not normalised (PPOLag.yaml:46 cost_normalize False); V_c regresses onto the cost returns with PPO's
+  clipped value loss, in the joint loss (OmniSafe steps it with an optimiser of its own);
+- the policy's surrogate weighs (A_r − λ A_c) / (1 + λ), A_r PPO's normalised advantage
+  (omnisafe/algorithms/on_policy/naive_lagrange/ppo_lag.py:82-102);
+- λ ≥ 0 steps once per rollout, before the update (ppo_lag.py:73-78), on the mean undiscounted cost of the
+  training episodes that ended during the rollout (OmniSafe: of the last 100 episodes) against `--cost-limit`:
+  by default OmniSafe's rule, Adam (lr 0.035) on −λ (J_c − d) from λ 0.001 (PPOLag.yaml:124-130; agents/lagrange.py
+  AdamMultiplier), or the gradient and PID rules of agents/lagrange.py.
+OmniSafe's PPO underneath differs from CleanRL's, which keelrl keeps: 20,000 steps per epoch, 40 updates of
+minibatch 64 with KL early stopping at 0.02, no entropy bonus, gradient norm 40, a critic weight penalty, no
+reward normalisation (PPOLag.yaml:36-60). The task must report `info["cost"]` (keelrl/Safe*Velocity-v1).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Literal
+
+import gymnasium as gym
+import numpy as np
+import torch
+from torch import nn
+
+from keelrl.agents.harness.loop import Run, TrainResult
+from keelrl.agents.harness.options import run_cli
+from keelrl.agents.lagrange import LagrangeOptions, build_multiplier, validate_lagrange
+from keelrl.agents.ppo import PPO, PPOConfig, check_action_space, evaluate, go_on_with_the_rollout, resolve
+from keelrl.agents.ppo import validate as validate_ppo
+from keelrl.buffers.rollout import RolloutBuffer, gae
+from keelrl.envs import make_vec_env
+from keelrl.envs.video import gym_video
+from keelrl.networks import mlp, orthogonal_init_
+
+ALGO = "ppo_lag"
+__all__ = ["PPOLag", "PPOLagConfig", "train", "evaluate"]
+
+
+@dataclasses.dataclass
+class PPOLagConfig(LagrangeOptions, PPOConfig):
+    env_id: str = "keelrl/SafeHopperVelocity-v1"
+    """a task that reports info["cost"] (keelrl/Safe{Hopper,Walker2d,HalfCheetah,Ant,Humanoid,Swimmer}Velocity-v1)"""
+    multiplier: Literal["gradient", "pid", "adam"] = "adam"
+    """λ update: OmniSafe's Adam on −λ (cost − limit) (PPOLag.yaml:130), the gradient rule, or the PID Lagrangian"""
+    lambda_init: float = 0.001
+    """initial Lagrange multiplier (OmniSafe: PPOLag.yaml:126)"""
+    lambda_lr: float = 0.035
+    """λ's learning rate (OmniSafe: PPOLag.yaml:128)"""
+
+
+def validate(config: PPOLagConfig) -> None:
+    validate_ppo(config)
+    validate_lagrange(config, "PPO-Lag")
+
+
+class PPOLag(PPO):
+    """PPO plus a cost value network and a Lagrange multiplier; takes raw observations."""
+
+    algo = ALGO
+    config_cls = PPOLagConfig
+
+    def __init__(self, obs_dim: int, action_space: gym.Space, config: PPOLagConfig):
+        super().__init__(obs_dim, action_space, config)  # PPO's networks, normalisers and optimiser
+        self.cost_critic = orthogonal_init_(mlp(obs_dim, config.hidden_sizes, 1, nn.Tanh), last_gain=1.0)  # (B, 1)
+        optimizer = self.optimizers["ppo"]
+        optimizer.add_param_group({"params": list(self.cost_critic.parameters()),
+                                   "initial_lr": optimizer.param_groups[0]["initial_lr"]})
+        self.lagrange = build_multiplier(config)
+
+    @property
+    def lagrange_multiplier(self) -> torch.Tensor:
+        return self.lagrange.value
+
+    def cost_value(self, obs: torch.Tensor) -> torch.Tensor:
+        """V_c(s) (B,) of standardised observations."""
+        return self.cost_critic(obs)[:, 0]
+
+    def values(self, obs: torch.Tensor) -> dict[str, torch.Tensor]:
+        """V(s) and V_c(s) (B,), by the rollout field each sums."""
+        return {"rewards": self.value(obs), "costs": self.cost_value(obs)}
+
+    def batch(self, rollout: RolloutBuffer, next_obs: torch.Tensor) -> dict[str, torch.Tensor]:
+        """PPO's batch plus the cost advantages, centred on the rollout's mean, and the cost value targets."""
+        data = rollout.data
+        with torch.no_grad():
+            cost_advantages, cost_returns = gae(data["costs"], data["cost_values"], data["dones"],
+                                                self.cost_value(next_obs), self.config.gamma, self.config.gae_lambda)
+        cost_advantages = cost_advantages - cost_advantages.mean()
+        return {**super().batch(rollout, next_obs), "cost_advantages": cost_advantages.flatten(0, 1),
+                "cost_returns": cost_returns.flatten(0, 1)}  # (T, N) -> (T·N,)
+
+    def surrogate_advantages(self, minibatch: dict[str, torch.Tensor]) -> torch.Tensor:
+        """(A_r − λ A_c) / (1 + λ) (B,), A_r PPO's normalised advantage."""
+        lam = self.lagrange_multiplier
+        return (super().surrogate_advantages(minibatch) - lam * minibatch["cost_advantages"]) / (1.0 + lam)
+
+    def loss(self, minibatch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """PPO's joint loss plus vf_coef · the cost value loss (clipped as the value loss)."""
+        loss, stats = super().loss(minibatch)
+        cost_loss = self.value_loss(self.cost_value(minibatch["obs"]), minibatch["cost_values"],
+                                    minibatch["cost_returns"])
+        return loss + self.config.vf_coef * cost_loss, {**stats, "cost_value_loss": cost_loss}
+
+    def update(self, rollout: RolloutBuffer, next_obs: torch.Tensor) -> dict[str, torch.Tensor]:
+        """PPO's update; λ is logged with it."""
+        return {**super().update(rollout, next_obs), "losses/lagrange_multiplier": self.lagrange_multiplier.clone()}
+
+
+def train(config: PPOLagConfig) -> TrainResult:
+    """PPO's loop with costs: stored per step, λ stepped per rollout on the episodes that ended in it; the final
+    evaluation cost is reported beside the limit."""
+    run = Run(resolve(config) if config.resume is None else config, ALGO, validate, total="total_timesteps")
+    config = run.config
+    env = make_vec_env(config.env_id, config.num_envs, config.seed + run.step, config.env_backend)
+    check_action_space(env.single_action_space, config.env_id)
+    obs_dim = int(np.prod(env.single_observation_space.shape))
+    agent = PPOLag(obs_dim, env.single_action_space, config).to(config.device)
+    rollout = RolloutBuffer(config.num_steps, config.num_envs, (obs_dim,), env.single_action_space.shape,
+                            config.device, store_cost=True)
+    eval_seed = config.seed + 10_000  # evaluation episode i is seeded eval_seed + i
+    obs, _ = env.reset()
+    run.start(config.env_id, agent, evaluate=lambda: evaluate(agent, config.env_id, config.eval_episodes, eval_seed),
+              numpy_rng=agent.rng, state={"rollout": (rollout.state_dict, rollout.load_state_dict),
+                                          "episodes": (env.episode_state, env.load_episode_state)},
+              video=gym_video(config.env_id, lambda obs: agent.act(obs, deterministic=True), eval_seed))
+    if run.resumed:
+        obs = go_on_with_the_rollout(agent, rollout, obs, episodes_continue=run.checkpoint["episodes"] is not None)
+
+    with run, env:
+        for _ in run.steps(config.num_envs):
+            obs_t = agent.observe(obs)
+            actions, log_probs, values = agent.explore(obs_t)
+            next_obs, rewards, terminated, truncated, info = env.step(agent.env_actions(actions))
+            rewards = agent.scale_rewards(rewards, terminated | truncated)
+            costs = torch.as_tensor(info["cost"], dtype=torch.float32, device=config.device)
+            if (truncated & ~terminated).any():  # bootstrap through the time limit from the true final observation
+                bootstraps = agent.bootstrap(info["final_obs"], truncated & ~terminated)
+                rewards, costs = rewards + bootstraps["rewards"], costs + bootstraps["costs"]
+            with torch.no_grad():
+                cost_values = agent.cost_value(obs_t)
+            rollout.add(obs=obs_t, actions=actions, log_probs=log_probs, values=values, rewards=rewards,
+                        costs=costs, cost_values=cost_values,
+                        dones=torch.as_tensor(terminated | truncated, dtype=torch.float32, device=config.device))
+            obs, rollout.next_obs = next_obs, torch.as_tensor(next_obs)
+            rollout.episode_costs.extend(run.record_episodes(info).tolist())
+            if rollout.full:
+                if rollout.episode_costs:  # λ first, on this rollout's finished episodes; then the policy
+                    agent.lagrange.observe(np.array(rollout.episode_costs), run.step)
+                run.log(agent.update(rollout, agent.normalized(obs)))
+                rollout.clear()
+    costs = run.final_evaluation[1]
+    verdict = "met" if costs.mean() <= config.cost_limit else "NOT met"
+    return run.result(f"final evaluation cost over {len(costs)} episodes: {costs.mean():.1f} ± {costs.std():.1f} "
+                      f"(cost limit {config.cost_limit:g}: {verdict})")
+
+
+if __name__ == "__main__":
+    raise SystemExit(run_cli(train, PPOLagConfig))
