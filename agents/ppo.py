@@ -19,6 +19,9 @@ The algorithm, top to bottom:
   minibatches: the clipped surrogate on advantages normalised per minibatch, the clipped value loss, an entropy
   bonus, one joint Adam step (eps 1e-5) after clipping the gradient norm to 0.5, the learning rate annealed
   linearly to 0 over the run; passes stop early once the approximate KL exceeds `target_kl` (when set).
+Speed: a rollout is acted by a numpy copy of the networks taken after each update (`RolloutPolicy`; the weights do
+not change within a rollout, and at these sizes a numpy op costs a fraction of a torch op's fixed cost), stored in
+numpy and moved to --device once per rollout for the update, which runs in torch.
 The rollout building block comes from keelrl.buffers, the networks from keelrl.networks, the run plumbing (logs,
 evaluations, checkpoints mid-rollout included, resume) from keelrl.agents.harness. A run resumed from a
 checkpoint goes on with the very episodes it was in when the envs can be saved (MuJoCo envs: the same numbers as
@@ -35,7 +38,6 @@ import gymnasium as gym
 import numpy as np
 import torch
 from torch import nn
-from torch.distributions import Categorical, Normal
 
 from keelrl.agents.harness.checkpoints import SavedSpaceAgent
 from keelrl.agents.harness.loop import Run, TrainResult
@@ -46,7 +48,7 @@ from keelrl.agents.harness.options import (
     run_cli,
     validate_run_options,
 )
-from keelrl.buffers.rollout import RolloutBuffer, gae
+from keelrl.buffers.rollout import RolloutBuffer, as_flat_tensors, gae
 from keelrl.envs import make_vec_env, play_episodes
 from keelrl.envs.video import gym_video
 from keelrl.networks import (
@@ -54,12 +56,14 @@ from keelrl.networks import (
     RunningObsNorm,
     check_device,
     make_optimizer,
+    NumpyMLP,
     mlp,
     orthogonal_init_,
     scale_learning_rates,
 )
 
 ALGO = "ppo"
+HALF_LOG_2PI = 0.5 * math.log(2 * math.pi)
 __all__ = ["PPO", "PPOConfig", "train", "evaluate"]
 
 
@@ -185,11 +189,9 @@ class PPO(SavedSpaceAgent):
         self.actor = orthogonal_init_(mlp(obs_dim, config.hidden_sizes, action_outputs, nn.Tanh), last_gain=0.01)
         if self.continuous:
             self.actor_logstd = nn.Parameter(torch.zeros(action_outputs))
-            self.register_buffer("action_low", torch.as_tensor(action_space.low, dtype=torch.float32))
-            self.register_buffer("action_high", torch.as_tensor(action_space.high, dtype=torch.float32))
         self.optimizers = {"ppo": make_optimizer(list(self.parameters()), "adam", config.learning_rate, eps=1e-5)}
         self.rng = np.random.default_rng(config.seed)
-        """the minibatch shuffles' generator (checkpointed as the run's numpy generator)"""
+        """the generator of the rollouts' action noise and the minibatch shuffles (checkpointed as the run's)"""
         self.num_updates = 0
         self.total_updates = max(1, config.total_timesteps // (config.num_envs * config.num_steps))
 
@@ -199,90 +201,79 @@ class PPO(SavedSpaceAgent):
 
     # ---- acting
 
-    def observe(self, obs: np.ndarray) -> torch.Tensor:
+    def observe(self, obs: np.ndarray) -> np.ndarray:
         """Raw observations (N, obs_dim) of a training step, folded into the statistics, then standardised."""
-        obs_t = torch.as_tensor(obs, dtype=torch.float32, device=self.device)
         if self.config.normalize_obs:
-            self.obs_norm.update(obs_t)
-        return self.obs_norm(obs_t)
+            self.obs_norm.update(obs)
+        return self.standardized(obs)
 
-    def normalized(self, obs: np.ndarray | torch.Tensor) -> torch.Tensor:
-        """Raw observations (B, obs_dim) standardised by the current statistics, which they do not change."""
-        return self.obs_norm(torch.as_tensor(obs, dtype=torch.float32, device=self.device))
+    def standardized(self, obs: np.ndarray) -> np.ndarray:
+        """Raw observations (B, obs_dim) standardised by the current statistics (which they do not change), float32:
+        what the networks take."""
+        return self.obs_norm.standardize(obs) if self.config.normalize_obs else np.asarray(obs, np.float32)
 
-    def distribution(self, obs: torch.Tensor) -> Normal | Categorical:
-        """π(·|s) for standardised observations (B, obs_dim): independent Normals (B, A), or a categorical."""
-        outputs = self.actor(obs)
+    def value_networks(self) -> dict[str, nn.Module]:
+        """The value network of every return the agent learns, by the rollout field it sums: here the rewards'."""
+        return {"rewards": self.critic}
+
+    def rollout_policy(self) -> RolloutPolicy:
+        """The policy and value networks as they are now, in numpy, to act through the next rollout."""
+        return RolloutPolicy(self)
+
+    def env_actions(self, actions: np.ndarray) -> np.ndarray:
+        """What the env is given: Box actions clipped to the bounds (the rollout keeps them unclipped)."""
         if self.continuous:
-            return Normal(outputs, self.actor_logstd.exp().expand_as(outputs))
-        return Categorical(logits=outputs)
+            return np.minimum(np.maximum(actions, self.action_space.low), self.action_space.high)
+        return actions
+
+    @torch.inference_mode()
+    def act(self, obs: np.ndarray, deterministic: bool = False) -> np.ndarray:
+        """Env actions for a batch of raw observations, from the networks as they are now: the Gaussian's mean
+        (clipped) or the most likely action when deterministic, else a sample."""
+        outputs = self.actor(torch.as_tensor(self.standardized(obs), device=self.device))
+        if deterministic:
+            actions = outputs if self.continuous else outputs.argmax(-1)
+        elif self.continuous:
+            actions = outputs + self.actor_logstd.exp() * torch.randn_like(outputs)
+        else:
+            actions = torch.multinomial(outputs.softmax(-1), 1)[:, 0]
+        return self.env_actions(actions.cpu().numpy())
+
+    def scale_rewards(self, rewards: np.ndarray, dones: np.ndarray) -> np.ndarray:
+        """One step's rewards (N,) for the rollout: divided by the running std of the discounted return (folded in
+        first) and clipped to ±reward_clip, when configured."""
+        if self.reward_scaler is None:
+            return rewards
+        self.reward_scaler.update(rewards, dones)
+        clip = self.config.reward_clip
+        return np.minimum(np.maximum(self.reward_scaler.scale(rewards), -clip), clip)
 
     def log_prob_and_entropy(self, obs: torch.Tensor, actions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """log π(a|s) and the entropy of π(·|s), summed over action dimensions: (B,), (B,)."""
-        dist = self.distribution(obs)
+        """log π(a|s) and the entropy of π(·|s) for standardised observations (B, obs_dim), summed over action
+        dimensions: (B,), (B,). Written out rather than through torch.distributions, whose checks and objects cost
+        more than the arithmetic at these sizes."""
+        outputs = self.actor(obs)  # Box: the means (B, A); Discrete: the logits (B, n)
         if self.continuous:
-            return dist.log_prob(actions).sum(-1), dist.entropy().sum(-1)
-        return dist.log_prob(actions.long()), dist.entropy()
+            log_std = self.actor_logstd  # (A,)
+            z = (actions - outputs) * torch.exp(-log_std)
+            log_probs = -(0.5 * z.square() + log_std + HALF_LOG_2PI).sum(-1)
+            return log_probs, (0.5 + HALF_LOG_2PI + log_std).sum().expand(len(obs))
+        log_probs = outputs.log_softmax(-1)  # (B, n)
+        return log_probs.gather(-1, actions.long()[:, None])[:, 0], -(log_probs.exp() * log_probs).sum(-1)
 
     def value(self, obs: torch.Tensor) -> torch.Tensor:
         """V(s) (B,) of standardised observations."""
         return self.critic(obs)[:, 0]
 
-    def values(self, obs: torch.Tensor) -> dict[str, torch.Tensor]:
-        """The value (B,) of every return the agent learns, by the rollout field it sums: here the rewards'."""
-        return {"rewards": self.value(obs)}
-
-    @torch.no_grad()
-    def explore(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """A sampled action (B, A) or (B,), its log-probability (B,) and V(s) (B,), for standardised observations."""
-        actions = self.distribution(obs).sample()
-        log_probs, _ = self.log_prob_and_entropy(obs, actions)
-        return actions, log_probs, self.value(obs)
-
-    def env_actions(self, actions: torch.Tensor) -> np.ndarray:
-        """What the env is given: Box actions clipped to the bounds (the rollout keeps them unclipped)."""
-        if self.continuous:
-            actions = torch.max(torch.min(actions, self.action_high), self.action_low)
-        return actions.cpu().numpy()
-
-    @torch.inference_mode()
-    def act(self, obs: np.ndarray, deterministic: bool = False) -> np.ndarray:
-        """Env actions for a batch of raw observations: the Gaussian's mean (clipped) or the most likely action
-        when deterministic, else a sample."""
-        dist = self.distribution(self.normalized(obs))
-        if deterministic:
-            actions = dist.mean if self.continuous else dist.probs.argmax(-1)
-        else:
-            actions = dist.sample()
-        return self.env_actions(actions)
-
-    def scale_rewards(self, rewards: np.ndarray, dones: np.ndarray) -> torch.Tensor:
-        """One step's rewards (N,) for the rollout: divided by the running std of the discounted return (folded in
-        first) and clipped to ±reward_clip, when configured."""
-        if self.reward_scaler is None:
-            return torch.as_tensor(rewards, dtype=torch.float32, device=self.device)
-        self.reward_scaler.update(rewards, dones)
-        scaled = self.reward_scaler(torch.as_tensor(rewards, dtype=torch.float64, device=self.device))
-        return scaled.clamp(-self.config.reward_clip, self.config.reward_clip).float()
-
-    @torch.no_grad()
-    def bootstrap(self, final_obs: np.ndarray, truncated: np.ndarray) -> dict[str, torch.Tensor]:
-        """γ V(true final observation) (N,) where the episode was truncated, 0 elsewhere, for every value in
-        `values`: what a truncated step's reward (and cost) gains so its return is not cut at the time limit."""
-        cut = torch.as_tensor(truncated, dtype=torch.float32, device=self.device)
-        return {name: self.config.gamma * value * cut for name, value in self.values(self.normalized(final_obs)).items()}
-
     # ---- learning
 
-    def batch(self, rollout: RolloutBuffer, next_obs: torch.Tensor) -> dict[str, torch.Tensor]:
-        """The rollout flattened to (T·N, ...), with GAE advantages and value targets; `next_obs` (N, obs_dim):
-        the standardised observations after its last step."""
+    def batch(self, rollout: RolloutBuffer, next_values: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
+        """The rollout as (T·N, ...) tensors on the agent's device, with GAE advantages and value targets;
+        `next_values`: the values (N,) of the observations after its last step, by return."""
         data = rollout.data
-        with torch.no_grad():
-            advantages, returns = gae(data["rewards"], data["values"], data["dones"], self.value(next_obs),
-                                      self.config.gamma, self.config.gae_lambda)
-        fields = {**data, "advantages": advantages, "returns": returns}
-        return {name: value.flatten(0, 1) for name, value in fields.items()}  # (T, N, ...) -> (T·N, ...)
+        advantages, returns = gae(data["rewards"], data["values"], data["dones"], next_values["rewards"],
+                                  self.config.gamma, self.config.gae_lambda)
+        return as_flat_tensors({**data, "advantages": advantages, "returns": returns}, self.device)
 
     def surrogate_advantages(self, minibatch: dict[str, torch.Tensor]) -> torch.Tensor:
         """The advantages the clipped surrogate weighs (B,): normalised to mean 0, std 1 per minibatch."""
@@ -320,23 +311,25 @@ class PPO(SavedSpaceAgent):
         loss = policy_loss - self.config.ent_coef * entropy + self.config.vf_coef * value_loss
         return loss, {"policy_loss": policy_loss, "value_loss": value_loss, "entropy": entropy, **stats}
 
-    def update(self, rollout: RolloutBuffer, next_obs: torch.Tensor) -> dict[str, torch.Tensor]:
+    def update(self, rollout: RolloutBuffer, next_values: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
         """`update_epochs` passes over the rollout in `num_minibatches` shuffled minibatches, one clipped-gradient
         Adam step each, the learning rate annealed linearly to 0 over the run; passes stop once the approximate
         KL of a pass's last minibatch exceeds `target_kl`."""
         config, optimizer = self.config, self.optimizers["ppo"]
         if config.anneal_lr:
             scale_learning_rates([optimizer], 1.0 - self.num_updates / self.total_updates)
-        batch = self.batch(rollout, next_obs)
-        size = len(batch["advantages"])
+        batch = self.batch(rollout, next_values)
+        size, parameters = len(batch["advantages"]), [p for group in optimizer.param_groups for p in group["params"]]
         clipfracs = []
+        minibatch_size = size // config.num_minibatches
         for _ in range(config.update_epochs):
             order = torch.as_tensor(self.rng.permutation(size), device=batch["advantages"].device)
-            for rows in order.chunk(config.num_minibatches):
-                loss, stats = self.loss({name: value[rows] for name, value in batch.items()})
+            shuffled = {name: value[order] for name, value in batch.items()}  # one gather per field and pass
+            for start in range(0, size, minibatch_size):
+                loss, stats = self.loss({name: value[start:start + minibatch_size] for name, value in shuffled.items()})
                 optimizer.zero_grad(set_to_none=True)
                 loss.backward()
-                nn.utils.clip_grad_norm_(self.parameters(), config.max_grad_norm)
+                nn.utils.clip_grad_norm_(parameters, config.max_grad_norm, foreach=True)
                 optimizer.step()
                 clipfracs.append(stats["clipfrac"])
             if config.target_kl is not None and stats["approx_kl"] > config.target_kl:
@@ -346,6 +339,45 @@ class PPO(SavedSpaceAgent):
                 "losses/clipfrac": torch.stack(clipfracs).mean(),
                 "losses/explained_variance": explained_variance(batch["values"], batch["returns"]),
                 "charts/learning_rate": optimizer.param_groups[0]["lr"]}
+
+
+class RolloutPolicy:
+    """The agent's policy and value networks as they were when it was taken, copied to numpy (NumpyMLP), acting
+    through one rollout: the weights do not change within a rollout, and at PPO's sizes a few numpy ops per step
+    cost a fraction of torch's fixed cost per op (both 64-64 networks at batch 1: 40 µs against 175 µs, one
+    thread, AMD EPYC). Its noise comes from the agent's numpy generator, which checkpoints keep."""
+
+    def __init__(self, agent: PPO):
+        self.continuous, self.rng = agent.continuous, agent.rng
+        self.actor = NumpyMLP(agent.actor)
+        self.critics = {name: NumpyMLP(network) for name, network in agent.value_networks().items()}
+        if self.continuous:
+            self.log_std = agent.actor_logstd.detach().cpu().numpy().copy()  # (A,)
+            self.std = np.exp(self.log_std)
+
+    def values(self, obs: np.ndarray) -> dict[str, np.ndarray]:
+        """The value (B,) of every return, by the rollout field it sums, for standardised observations."""
+        return {name: critic(obs)[:, 0] for name, critic in self.critics.items()}
+
+    def bootstraps(self, final_obs: np.ndarray, truncated: np.ndarray, gamma: float) -> dict[str, np.ndarray]:
+        """γ V(true final observation) (N,) where the episode was truncated, 0 elsewhere, for every value: what a
+        truncated step's reward (and cost) gains so its return is not cut at the time limit. `final_obs`
+        standardised."""
+        return {name: gamma * value * truncated for name, value in self.values(final_obs).items()}
+
+    def explore(self, obs: np.ndarray) -> tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]:
+        """A sampled action (B, A) or (B,), its log-probability (B,) and the values, for standardised observations."""
+        outputs = self.actor(obs)  # Box: the means (B, A); Discrete: the logits (B, n)
+        if self.continuous:  # a = μ + σ ε, log π(a|s) = Σ −(ε²/2 + log σ + log √(2π))
+            noise = self.rng.standard_normal(outputs.shape, dtype=np.float32)
+            actions = outputs + self.std * noise
+            log_probs = -(0.5 * noise * noise + self.log_std + HALF_LOG_2PI).sum(-1)
+        else:  # the Gumbel-max trick: argmax(logits + Gumbel noise) is a sample of the softmax
+            shifted = outputs - outputs.max(-1, keepdims=True)
+            all_log_probs = shifted - np.log(np.exp(shifted).sum(-1, keepdims=True))  # (B, n)
+            actions = (all_log_probs + self.rng.gumbel(size=outputs.shape)).argmax(-1)
+            log_probs = np.take_along_axis(all_log_probs, actions[:, None], -1)[:, 0]
+        return actions, log_probs, self.values(obs)
 
 
 def explained_variance(predicted: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
@@ -368,44 +400,45 @@ def train(config: PPOConfig) -> TrainResult:
     check_action_space(env.single_action_space, config.env_id)
     obs_dim = int(np.prod(env.single_observation_space.shape))
     agent = PPO(obs_dim, env.single_action_space, config).to(config.device)
-    rollout = RolloutBuffer(config.num_steps, config.num_envs, (obs_dim,), env.single_action_space.shape,
-                            config.device)
+    rollout = RolloutBuffer(config.num_steps, config.num_envs, (obs_dim,), env.single_action_space.shape)
     eval_seed = config.seed + 10_000  # evaluation episode i is seeded eval_seed + i
     obs, _ = env.reset()
     run.start(config.env_id, agent, evaluate=lambda: evaluate(agent, config.env_id, config.eval_episodes, eval_seed),
               numpy_rng=agent.rng, state={"rollout": (rollout.state_dict, rollout.load_state_dict),
                                           "episodes": (env.episode_state, env.load_episode_state)},
               video=gym_video(config.env_id, lambda obs: agent.act(obs, deterministic=True), eval_seed))
+    policy = agent.rollout_policy()  # taken after a resumed run's weights are loaded
     if run.resumed:
-        obs = go_on_with_the_rollout(agent, rollout, obs, episodes_continue=run.checkpoint["episodes"] is not None)
+        obs = go_on_with_the_rollout(agent, policy, rollout, obs, run.checkpoint["episodes"] is not None)
 
     with run, env:
         for _ in run.steps(config.num_envs):
-            obs_t = agent.observe(obs)
-            actions, log_probs, values = agent.explore(obs_t)
+            obs_acted_on = agent.observe(obs)
+            actions, log_probs, values = policy.explore(obs_acted_on)
             next_obs, rewards, terminated, truncated, info = env.step(agent.env_actions(actions))
             rewards = agent.scale_rewards(rewards, terminated | truncated)
             if (truncated & ~terminated).any():  # bootstrap through the time limit from the true final observation
-                rewards += agent.bootstrap(info["final_obs"], truncated & ~terminated)["rewards"]
-            rollout.add(obs=obs_t, actions=actions, log_probs=log_probs, values=values, rewards=rewards,
-                        dones=torch.as_tensor(terminated | truncated, dtype=torch.float32, device=config.device))
-            obs, rollout.next_obs = next_obs, torch.as_tensor(next_obs)
+                rewards = rewards + policy.bootstraps(agent.standardized(info["final_obs"]), truncated & ~terminated,
+                                                      config.gamma)["rewards"]
+            rollout.add(obs=obs_acted_on, actions=actions, log_probs=log_probs, values=values["rewards"],
+                        rewards=rewards, dones=terminated | truncated)
+            obs = rollout.next_obs = next_obs
             run.record_episodes(info)
             if rollout.full:
-                run.log(agent.update(rollout, agent.normalized(obs)))
+                run.log(agent.update(rollout, policy.values(agent.standardized(obs))))
                 rollout.clear()
+                policy = agent.rollout_policy()
     return run.result()
 
 
-def go_on_with_the_rollout(agent: PPO, rollout: RolloutBuffer, new_obs: np.ndarray,
+def go_on_with_the_rollout(agent: PPO, policy: RolloutPolicy, rollout: RolloutBuffer, new_obs: np.ndarray,
                            episodes_continue: bool) -> np.ndarray:
     """The observations a resumed run acts on next: the ones the checkpoint saved when the envs went on with their
     episodes; else `new_obs`, the first of new episodes, the interrupted ones ending at the rollout's last step as
     truncations (bootstrapped from the value of the observation that followed it)."""
     if episodes_continue:
-        return rollout.next_obs.numpy()
-    with torch.no_grad():
-        rollout.truncate_last_step(agent.values(agent.normalized(rollout.next_obs)), agent.config.gamma)
+        return rollout.next_obs
+    rollout.truncate_last_step(policy.values(agent.standardized(rollout.next_obs)), agent.config.gamma)
     if agent.reward_scaler is not None:
         agent.reward_scaler.reset_returns()
     return new_obs

@@ -37,7 +37,7 @@ from keelrl.agents.harness.options import run_cli
 from keelrl.agents.lagrange import LagrangeOptions, build_multiplier, validate_lagrange
 from keelrl.agents.ppo import PPO, PPOConfig, check_action_space, evaluate, go_on_with_the_rollout, resolve
 from keelrl.agents.ppo import validate as validate_ppo
-from keelrl.buffers.rollout import RolloutBuffer, gae
+from keelrl.buffers.rollout import RolloutBuffer, as_flat_tensors, gae
 from keelrl.envs import make_vec_env
 from keelrl.envs.video import gym_video
 from keelrl.networks import mlp, orthogonal_init_
@@ -85,19 +85,17 @@ class PPOLag(PPO):
         """V_c(s) (B,) of standardised observations."""
         return self.cost_critic(obs)[:, 0]
 
-    def values(self, obs: torch.Tensor) -> dict[str, torch.Tensor]:
-        """V(s) and V_c(s) (B,), by the rollout field each sums."""
-        return {"rewards": self.value(obs), "costs": self.cost_value(obs)}
+    def value_networks(self) -> dict[str, nn.Module]:
+        """V and V_c, by the rollout field each sums."""
+        return {"rewards": self.critic, "costs": self.cost_critic}
 
-    def batch(self, rollout: RolloutBuffer, next_obs: torch.Tensor) -> dict[str, torch.Tensor]:
+    def batch(self, rollout: RolloutBuffer, next_values: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
         """PPO's batch plus the cost advantages, centred on the rollout's mean, and the cost value targets."""
         data = rollout.data
-        with torch.no_grad():
-            cost_advantages, cost_returns = gae(data["costs"], data["cost_values"], data["dones"],
-                                                self.cost_value(next_obs), self.config.gamma, self.config.gae_lambda)
-        cost_advantages = cost_advantages - cost_advantages.mean()
-        return {**super().batch(rollout, next_obs), "cost_advantages": cost_advantages.flatten(0, 1),
-                "cost_returns": cost_returns.flatten(0, 1)}  # (T, N) -> (T·N,)
+        cost_advantages, cost_returns = gae(data["costs"], data["cost_values"], data["dones"], next_values["costs"],
+                                            self.config.gamma, self.config.gae_lambda)
+        cost_fields = {"cost_advantages": cost_advantages - cost_advantages.mean(), "cost_returns": cost_returns}
+        return {**super().batch(rollout, next_values), **as_flat_tensors(cost_fields, self.device)}
 
     def surrogate_advantages(self, minibatch: dict[str, torch.Tensor]) -> torch.Tensor:
         """(A_r − λ A_c) / (1 + λ) (B,), A_r PPO's normalised advantage."""
@@ -111,9 +109,9 @@ class PPOLag(PPO):
                                     minibatch["cost_returns"])
         return loss + self.config.vf_coef * cost_loss, {**stats, "cost_value_loss": cost_loss}
 
-    def update(self, rollout: RolloutBuffer, next_obs: torch.Tensor) -> dict[str, torch.Tensor]:
+    def update(self, rollout: RolloutBuffer, next_values: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
         """PPO's update; λ is logged with it."""
-        return {**super().update(rollout, next_obs), "losses/lagrange_multiplier": self.lagrange_multiplier.clone()}
+        return {**super().update(rollout, next_values), "losses/lagrange_multiplier": self.lagrange_multiplier.clone()}
 
 
 def train(config: PPOLagConfig) -> TrainResult:
@@ -126,38 +124,37 @@ def train(config: PPOLagConfig) -> TrainResult:
     obs_dim = int(np.prod(env.single_observation_space.shape))
     agent = PPOLag(obs_dim, env.single_action_space, config).to(config.device)
     rollout = RolloutBuffer(config.num_steps, config.num_envs, (obs_dim,), env.single_action_space.shape,
-                            config.device, store_cost=True)
+                            store_cost=True)
     eval_seed = config.seed + 10_000  # evaluation episode i is seeded eval_seed + i
     obs, _ = env.reset()
     run.start(config.env_id, agent, evaluate=lambda: evaluate(agent, config.env_id, config.eval_episodes, eval_seed),
               numpy_rng=agent.rng, state={"rollout": (rollout.state_dict, rollout.load_state_dict),
                                           "episodes": (env.episode_state, env.load_episode_state)},
               video=gym_video(config.env_id, lambda obs: agent.act(obs, deterministic=True), eval_seed))
+    policy = agent.rollout_policy()  # taken after a resumed run's weights are loaded
     if run.resumed:
-        obs = go_on_with_the_rollout(agent, rollout, obs, episodes_continue=run.checkpoint["episodes"] is not None)
+        obs = go_on_with_the_rollout(agent, policy, rollout, obs, run.checkpoint["episodes"] is not None)
 
     with run, env:
         for _ in run.steps(config.num_envs):
-            obs_t = agent.observe(obs)
-            actions, log_probs, values = agent.explore(obs_t)
+            obs_acted_on = agent.observe(obs)
+            actions, log_probs, values = policy.explore(obs_acted_on)
             next_obs, rewards, terminated, truncated, info = env.step(agent.env_actions(actions))
-            rewards = agent.scale_rewards(rewards, terminated | truncated)
-            costs = torch.as_tensor(info["cost"], dtype=torch.float32, device=config.device)
+            rewards, costs = agent.scale_rewards(rewards, terminated | truncated), info["cost"]
             if (truncated & ~terminated).any():  # bootstrap through the time limit from the true final observation
-                bootstraps = agent.bootstrap(info["final_obs"], truncated & ~terminated)
+                bootstraps = policy.bootstraps(agent.standardized(info["final_obs"]), truncated & ~terminated,
+                                               config.gamma)
                 rewards, costs = rewards + bootstraps["rewards"], costs + bootstraps["costs"]
-            with torch.no_grad():
-                cost_values = agent.cost_value(obs_t)
-            rollout.add(obs=obs_t, actions=actions, log_probs=log_probs, values=values, rewards=rewards,
-                        costs=costs, cost_values=cost_values,
-                        dones=torch.as_tensor(terminated | truncated, dtype=torch.float32, device=config.device))
-            obs, rollout.next_obs = next_obs, torch.as_tensor(next_obs)
+            rollout.add(obs=obs_acted_on, actions=actions, log_probs=log_probs, values=values["rewards"],
+                        rewards=rewards, costs=costs, cost_values=values["costs"], dones=terminated | truncated)
+            obs = rollout.next_obs = next_obs
             rollout.episode_costs.extend(run.record_episodes(info).tolist())
             if rollout.full:
                 if rollout.episode_costs:  # λ first, on this rollout's finished episodes; then the policy
                     agent.lagrange.observe(np.array(rollout.episode_costs), run.step)
-                run.log(agent.update(rollout, agent.normalized(obs)))
+                run.log(agent.update(rollout, policy.values(agent.standardized(obs))))
                 rollout.clear()
+                policy = agent.rollout_policy()
     costs = run.final_evaluation[1]
     verdict = "met" if costs.mean() <= config.cost_limit else "NOT met"
     return run.result(f"final evaluation cost over {len(costs)} episodes: {costs.mean():.1f} ± {costs.std():.1f} "

@@ -1,8 +1,9 @@
 """Published figures keelrl is compared against, and the score ranges used to normalise returns.
 
-Every figure is copied from ../shared/REFERENCES.md (the project's record of published results) with
-its source, the environment version and the budget it was measured at, so the leaderboard can put it
-beside a keelrl run and say when the two are not comparable (a 1M-step figure beside a 50k-step run).
+Every figure is copied from ../shared/REFERENCES.md (the project's record of published results), or where it
+has none (CleanRL's PPO) from the benchmark page named beside it, with its source, the environment version and
+the budget it was measured at, so the leaderboard can put it beside a keelrl run and say when the two are not
+comparable (a 1M-step figure beside a 50k-step run).
 
 Tasks are matched by `task_key`: the id without its namespace and version, lower-cased
 ("Hopper-v5" and "Hopper-v4" are both "hopper"; "keelrl/hopper-medium-v0" is "hopper-medium").
@@ -71,6 +72,18 @@ _CLEANRL_ROWS = {  # task: (env id, SAC mean, SAC std, TD3 mean, TD3 std)
     "pusher": ("Pusher-v4", -22.45, 0.51, -30.92, 1.05),
 }
 
+CLEANRL_PPO = ("CleanRL benchmark, tag pr-424 (docs/benchmark/ppo_continuous_action.md and ppo.md of "
+               "vwxyzjn/cleanrl, read at fe8d8a0)")
+_CLEANRL_PPO_ROWS = {  # task: (env id, PPO mean, PPO std, budget in steps): ppo_continuous_action.py; CartPole ppo.py
+    "halfcheetah": ("HalfCheetah-v4", 1442.64, 46.03, 1_000_000),
+    "walker2d": ("Walker2d-v4", 2287.95, 571.78, 1_000_000),
+    "hopper": ("Hopper-v4", 2382.86, 271.74, 1_000_000),
+    "invertedpendulum": ("InvertedPendulum-v4", 963.09, 22.20, 1_000_000),
+    "humanoid": ("Humanoid-v4", 716.11, 49.08, 1_000_000),
+    "pusher": ("Pusher-v4", -40.38, 7.15, 1_000_000),
+    "cartpole": ("CartPole-v1", 490.04, 6.12, 500_000),
+}
+
 _CORL_ROWS = {  # dataset: (CQL mean, CQL std, IQL mean, IQL std)
     "halfcheetah-medium": (47.04, 0.22, 48.31, 0.22),
     "halfcheetah-medium-replay": (45.04, 0.27, 44.46, 0.22),
@@ -89,6 +102,7 @@ _OMNISAFE_ROWS = {  # keelrl task key: (OmniSafe id, {algorithm: (reward, cost)}
         "SAC": (3537.70, 975.0)}),
     "safehalfcheetahvelocity": ("SafetyHalfCheetahVelocity-v1", {
         "PPOLag": (2946.15, 3.44), "CPO": (2786.48, 4.70), "SACLag": (2833.72, 0.00), "TD3Lag": (2741.08, 10.47)}),
+    "safewalker2dvelocity": ("SafetyWalker2dVelocity-v1", {"PPOLag": (2982.27, 13.49)}),
     "safeantvelocity": ("SafetyAntVelocity-v1", {
         "PPOLag": (3261.87, 12.05), "CPO": (3098.54, 14.12), "SACLag": (1897.32, 5.73), "TD3Lag": (1944.38, 63.27)}),
 }
@@ -109,6 +123,9 @@ def _published_scores() -> list[PublishedScore]:
         for agent, mean, std in (("sac", sac_mean, sac_std), ("td3", td3_mean, td3_std)):
             scores.append(PublishedScore("online", task, agent, agent.upper(), env_id, mean, std, None,
                                          "1M env steps", 1_000_000, 3, CLEANRL_METRIC, CLEANRL))
+    for task, (env_id, mean, std, steps) in _CLEANRL_PPO_ROWS.items():
+        scores.append(PublishedScore("online", task, "ppo", "PPO", env_id, mean, std, None,
+                                     f"{steps / 1e6:g}M env steps", steps, 3, CLEANRL_METRIC, CLEANRL_PPO))
     for dataset, (cql_mean, cql_std, iql_mean, iql_std) in _CORL_ROWS.items():
         for agent, mean, std in (("cql", cql_mean, cql_std), ("iql", iql_mean, iql_std)):
             scores.append(PublishedScore("offline", dataset, agent, agent.upper(), f"{dataset}-v2 (D4RL)", mean, std,

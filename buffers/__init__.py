@@ -1,4 +1,4 @@
-"""keelrl.buffers: replay storage shared by the agents, offline datasets (D4RL layout, Minari) and their corruption."""
+"""keelrl.buffers: replay storage shared by the agents, on-policy rollouts, offline datasets (D4RL layout, Minari) and their corruption."""
 
 from keelrl.buffers.corruption import corrupt_dataset
 from keelrl.buffers.offline import (
@@ -10,6 +10,7 @@ from keelrl.buffers.offline import (
     write_minari_dataset,
 )
 from keelrl.buffers.replay import Batch, ReplayBuffer
+from keelrl.buffers.rollout import RolloutBuffer, as_flat_tensors, gae
 
-__all__ = ["Batch", "ReplayBuffer", "DatasetBuffer", "DatasetOptions", "load_dataset", "prepare_dataset",
+__all__ = ["Batch", "ReplayBuffer", "RolloutBuffer", "gae", "as_flat_tensors", "DatasetBuffer", "DatasetOptions", "load_dataset", "prepare_dataset",
            "write_minari_dataset", "normalized_score", "corrupt_dataset"]

@@ -4,7 +4,7 @@ from keelrl.networks.actors import DeterministicActor, TanhGaussianActor
 from keelrl.networks.critics import CriticEnsemble
 from keelrl.networks.builders import NetworkOptions, build_actor, build_critic, build_head, validate_network_options
 from keelrl.networks.heads import C51Head, CategoricalHead, HLGaussHead, ScalarHead, ValueHead, td_target
-from keelrl.networks.mlp import EnsembleLinear, EnsembleMLP, mlp, orthogonal_init_
+from keelrl.networks.mlp import EnsembleLinear, EnsembleMLP, NumpyMLP, mlp, orthogonal_init_
 from keelrl.networks.normalization import RunningObsNorm
 from keelrl.networks.simba import SimbaActor, SimbaCritic, SimbaDeterministicActor, SimbaEncoder
 from keelrl.networks.simbav2 import (
@@ -29,7 +29,7 @@ from keelrl.networks.training import (
     unpack_training_state,
 )
 
-__all__ = ["mlp", "orthogonal_init_", "EnsembleLinear", "EnsembleMLP", "CriticEnsemble", "TanhGaussianActor", "DeterministicActor",
+__all__ = ["mlp", "orthogonal_init_", "NumpyMLP", "EnsembleLinear", "EnsembleMLP", "CriticEnsemble", "TanhGaussianActor", "DeterministicActor",
            "RunningObsNorm",
            "ValueHead", "ScalarHead", "CategoricalHead", "C51Head", "HLGaussHead",
            "SimbaEncoder", "SimbaCritic", "SimbaActor", "SimbaDeterministicActor",

@@ -80,5 +80,15 @@ class RunningObsNorm(nn.Module):
             scaled = (x - self.mean.to(x.dtype)) / (torch.sqrt(var) + self.eps)
         return scaled if self.clip is None else scaled.clamp(-self.clip, self.clip)
 
+    def standardize(self, obs: np.ndarray) -> np.ndarray:
+        """`forward` for a numpy batch (B, *shape) -> float32, computed in float64: for acting loops on the CPU,
+        where a handful of numpy ops cost less than torch's."""
+        mean, var = self.mean.numpy(force=True), self.var.numpy(force=True)
+        scale = np.sqrt(var + self.eps) if self.eps_on == "var" else np.sqrt(var) + self.eps
+        scaled = (obs - mean) / scale
+        if self.clip is not None:
+            scaled = np.minimum(np.maximum(scaled, -self.clip), self.clip)
+        return scaled.astype(np.float32)
+
     def extra_repr(self) -> str:
         return f"shape={tuple(self.mean.shape)}, clip={self.clip}, eps={self.eps}, eps_on={self.eps_on!r}"

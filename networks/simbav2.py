@@ -282,7 +282,7 @@ class RewardScaler(nn.Module):
             returns *= self.gamma
             returns += np.asarray(rewards.cpu() if isinstance(rewards, torch.Tensor) else rewards, np.float64)
             self.return_stats.update(returns)
-            max_abs_return[...] = max(max_abs_return, np.abs(returns).max())
+            np.maximum(max_abs_return, np.abs(returns).max(), out=max_abs_return)
             returns[np.asarray(dones.cpu() if isinstance(dones, torch.Tensor) else dones, bool)] = 0.0
             return
         rewards = torch.as_tensor(rewards, dtype=torch.float64, device=self.returns.device)
@@ -300,6 +300,11 @@ class RewardScaler(nn.Module):
         """max(std of G, max |G| / v_max) as a float64 scalar; about 1 before any update."""
         std = torch.sqrt(self.return_stats.var + self.eps)
         return torch.maximum(std, self.max_abs_return / self.v_max)
+
+    def scale(self, rewards: np.ndarray) -> np.ndarray:
+        """`forward` for a numpy batch of rewards, the denominator in Python floats: for acting loops on the CPU."""
+        std = math.sqrt(self.return_stats.var.item() + self.eps)
+        return rewards / max(std, self.max_abs_return.item() / self.v_max)
 
     def forward(self, rewards: torch.Tensor) -> torch.Tensor:
         return rewards / self.denominator().to(rewards.dtype)

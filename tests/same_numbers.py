@@ -41,6 +41,9 @@ OFF_POLICY = dict(env_id="InvertedPendulum-v5", total_timesteps=600, learning_st
 SAFE = dict(OFF_POLICY, env_id="keelrl/SafeHopperVelocity-v1", cost_limit=1.0, lambda_lr=0.05)
 OFFLINE = dict(env_id="InvertedPendulum-v5", total_updates=120, batch_size=32, hidden_sizes=(32, 32), eval_freq=60,
                eval_episodes=2, checkpoint_freq=60, log_freq=30, threads=1, quiet=True)
+ON_POLICY = dict(env_id="InvertedPendulum-v5", total_timesteps=512, num_steps=64, num_minibatches=4, update_epochs=2,
+                 hidden_sizes=(16, 16), eval_freq=256, eval_episodes=2, checkpoint_freq=256, log_freq=64, threads=1,
+                 quiet=True)
 STREAM = dict(env_id="CartPole-v1", total_timesteps=1500, hidden_sizes=(16, 16), eval_freq=500, eval_episodes=2,
               checkpoint_freq=500, log_freq=100, threads=1, quiet=True)
 USAGE = "usage: python -m tests.same_numbers --against COMMIT [CASE ...] | --run CASE DIRECTORY [KEELRL_ROOT]"
@@ -60,7 +63,21 @@ def offline_dataset(directory: Path) -> Path:
 
 def run(case: str, runs_dir: Path, seed: int = 1) -> Path:
     """Train the case's agent with `seed` into runs_dir and return its run directory."""
-    from keelrl.agents import cql, grpo, iql, riql, sac, sac_lag, stream_ac, stream_q, stream_td, td3, td3_lag
+    from keelrl.agents import (
+        cql,
+        grpo,
+        iql,
+        ppo,
+        ppo_lag,
+        riql,
+        sac,
+        sac_lag,
+        stream_ac,
+        stream_q,
+        stream_td,
+        td3,
+        td3_lag,
+    )
 
     common = dict(runs_dir=str(runs_dir), seed=seed)
     data = dict(dataset=str(runs_dir / "pendulum.npz"), **common)
@@ -79,6 +96,9 @@ def run(case: str, runs_dir: Path, seed: int = 1) -> Path:
         "cql": lambda: cql.train(cql.CQLConfig(**OFFLINE, cql_n_actions=4, **data)),
         "iql": lambda: iql.train(iql.IQLConfig(**OFFLINE, **data)),
         "riql": lambda: riql.train(riql.RIQLConfig(**OFFLINE, corruption="dynamics", corruption_rate=0.3, **data)),
+        "ppo": lambda: ppo.train(ppo.PPOConfig(**ON_POLICY, **common)),
+        "ppo_lag": lambda: ppo_lag.train(ppo_lag.PPOLagConfig(
+            **{**ON_POLICY, "env_id": "keelrl/SafeHopperVelocity-v1"}, cost_limit=1.0, **common)),
         "stream_td": lambda: stream_td.train(stream_td.StreamTDConfig(**STREAM, **common)),
         "stream_q": lambda: stream_q.train(stream_q.StreamQConfig(**STREAM, **common)),
         "stream_ac": lambda: stream_ac.train(stream_ac.StreamACConfig(
@@ -93,8 +113,8 @@ def run(case: str, runs_dir: Path, seed: int = 1) -> Path:
     return configs[case]().run_dir
 
 
-CASES = ("sac", "sac_simbav2_hlgauss", "td3", "td3_simba_c51", "sac_lag", "td3_lag", "cql", "iql", "riql",
-         "stream_td", "stream_q", "stream_ac", "grpo")
+CASES = ("sac", "sac_simbav2_hlgauss", "td3", "td3_simba_c51", "sac_lag", "td3_lag", "cql", "iql", "riql", "ppo",
+         "ppo_lag", "stream_td", "stream_q", "stream_ac", "grpo")
 
 
 def write_weight_digest(run_dir: Path) -> None:

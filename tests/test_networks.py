@@ -7,7 +7,16 @@ import pytest
 import torch
 from torch import nn
 
-from keelrl.networks import CriticEnsemble, DeterministicActor, EnsembleMLP, RunningObsNorm, TanhGaussianActor, mlp
+from keelrl.networks import (
+    CriticEnsemble,
+    DeterministicActor,
+    EnsembleMLP,
+    NumpyMLP,
+    RewardScaler,
+    RunningObsNorm,
+    TanhGaussianActor,
+    mlp,
+)
 
 
 def test_ensemble_members_equal_separate_mlps():
@@ -220,3 +229,38 @@ def test_ensemble_evaluates_a_subset_of_members():
     wide = CriticEnsemble(obs_dim=5, action_dim=2, hidden_sizes=(16,), num_critics=3, num_outputs=4)
     torch.testing.assert_close(wide(obs, actions, members=slice(2, 3))[0].double(),
                                member_by_hand(wide.net.layers, 2, x), rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("activation", [nn.Tanh, nn.ReLU])
+def test_numpy_mlp_is_the_modules_forward_pass_as_it_was_copied(activation):
+    torch.manual_seed(0)
+    net = mlp(5, (16, 16), 3, activation)
+    copy = NumpyMLP(net)
+    x = torch.randn(7, 5)
+    np.testing.assert_allclose(copy(x.numpy()), net(x).detach().numpy(), rtol=1e-5, atol=1e-6)
+    with torch.no_grad():
+        net[0].weight.add_(1.0)  # a later update does not reach the copy
+    assert not np.allclose(copy(x.numpy()), net(x).detach().numpy(), atol=1e-3)
+    with pytest.raises(TypeError, match="NumpyMLP copies Linear, Tanh and ReLU layers, not LayerNorm"):
+        NumpyMLP(nn.Sequential(nn.Linear(5, 4), nn.LayerNorm(4)))
+
+
+@pytest.mark.parametrize("eps_on, clip", [("var", 10.0), ("var", None), ("std", 1.0)])
+def test_standardize_is_forward_for_numpy_batches(eps_on, clip):
+    norm = RunningObsNorm(4, clip=clip, eps=1e-3, eps_on=eps_on)
+    rng = np.random.default_rng(0)
+    norm.update(rng.normal(2.0, 0.1, (50, 4)))  # small spread: far observations are clipped when asked
+    obs = rng.normal(2.0, 1.0, (8, 4))
+    standardized = norm.standardize(obs)
+    assert standardized.dtype == np.float32
+    np.testing.assert_allclose(standardized, norm(torch.as_tensor(obs)).numpy(), rtol=1e-6, atol=1e-6)
+    assert (np.abs(standardized).max() == clip) if clip is not None else np.abs(standardized).max() > 1.0
+
+
+def test_reward_scaler_scale_is_forward_for_numpy_batches():
+    scaler = RewardScaler(0.99, num_envs=2, v_max=5.0)
+    rng = np.random.default_rng(0)
+    for t in range(30):
+        scaler.update(rng.normal(1.0, 2.0, 2), np.array([t == 10, False]))
+    rewards = rng.normal(0.0, 3.0, 2)
+    np.testing.assert_allclose(scaler.scale(rewards), scaler(torch.as_tensor(rewards)).numpy(), rtol=1e-12)

@@ -50,9 +50,10 @@ def filled_rollout(agent: PPO, seed: int = 0) -> tuple[RolloutBuffer, torch.Tens
         with torch.no_grad():
             log_probs, _ = agent.log_prob_and_entropy(obs, actions)
             values = agent.value(obs)
-        rollout.add(obs=obs, actions=actions, log_probs=log_probs + 0.8 * torch.rand(ENVS, generator=g) - 0.4,
-                    values=values + 0.8 * torch.rand(ENVS, generator=g) - 0.4, rewards=torch.randn(ENVS, generator=g),
-                    dones=torch.tensor([float(t == 2), float(t == 3)]))
+        rollout.add(obs=obs.numpy(), actions=actions.numpy(),
+                    log_probs=(log_probs + 0.8 * torch.rand(ENVS, generator=g) - 0.4).numpy(),
+                    values=(values + 0.8 * torch.rand(ENVS, generator=g) - 0.4).numpy(),
+                    rewards=torch.randn(ENVS, generator=g).numpy(), dones=np.array([t == 2, t == 3]))
     return rollout, torch.randn(ENVS, OBS_DIM, generator=g)
 
 
@@ -90,7 +91,7 @@ def oracle(agent: PPO, rollout: RolloutBuffer, next_obs: torch.Tensor) -> tuple[
     """The losses and every parameter after one update, in float64, by hand."""
     config = agent.config
     params = {n: p.detach().double().clone().requires_grad_(True) for n, p in agent.named_parameters()}
-    data = {n: v.double() for n, v in rollout.data.items()}
+    data = {n: torch.from_numpy(v).double() for n, v in rollout.data.items()}
     with torch.no_grad():
         advantages, returns = gae_by_hand(data["rewards"], data["values"], data["dones"],
                                           tanh_mlp(next_obs.double(), params, "critic")[:, 0], config.gamma,
@@ -128,14 +129,45 @@ def test_one_update_matches_a_float64_oracle(kind):
     agent = PPO(OBS_DIM, SPACES[kind], PPOConfig(**SETTINGS))
     rollout, next_obs = filled_rollout(agent)
     expected_losses, expected_params = oracle(agent, rollout, next_obs)
-    logged = agent.update(rollout, next_obs)
+    with torch.no_grad():
+        next_values = {"rewards": agent.value(next_obs).numpy()}
+    logged = agent.update(rollout, next_values)
     for name, value in expected_losses.items():
         torch.testing.assert_close(logged[f"losses/{name}"].double(), value, **TOL, msg=name)
     for name, param in agent.named_parameters():
         torch.testing.assert_close(param.detach().double(), expected_params[name], **TOL, msg=name)
     assert logged["charts/learning_rate"] == pytest.approx(1e-3)  # the first of 10 updates: not annealed yet
-    agent.update(rollout, next_obs)
+    agent.update(rollout, next_values)
     assert agent.optimizers["ppo"].param_groups[0]["lr"] == pytest.approx(0.9e-3)  # linear to 0 over 10
+
+
+@pytest.mark.parametrize("kind", list(SPACES))
+def test_the_rollout_policy_acts_as_the_networks_do(kind):
+    """The numpy copy that acts through a rollout stores the log-probabilities and values the torch networks give
+    its actions, and samples from π(·|s): a Gaussian around the mean with the policy's std, or the softmax."""
+    torch.manual_seed(0)
+    agent = PPO(OBS_DIM, SPACES[kind], PPOConfig(**SETTINGS))
+    with torch.no_grad():
+        if agent.continuous:
+            agent.actor_logstd.copy_(torch.tensor([-1.0, 0.5]))
+        else:
+            agent.actor[-1].weight.mul_(300.0)  # logits far apart, so the probabilities are not all about 1/3
+    policy = agent.rollout_policy()
+    obs = np.repeat(np.random.default_rng(0).normal(size=(1, OBS_DIM)).astype(np.float32), 20_000, axis=0)
+    actions, log_probs, values = policy.explore(obs)
+    with torch.no_grad():
+        expected_log_probs, _ = agent.log_prob_and_entropy(torch.as_tensor(obs), torch.as_tensor(actions).float())
+        outputs = agent.actor(torch.as_tensor(obs[:1]))[0].numpy()
+    np.testing.assert_allclose(log_probs, expected_log_probs.numpy(), rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(values["rewards"], agent.value(torch.as_tensor(obs)).detach().numpy(), rtol=1e-5,
+                               atol=1e-6)
+    if agent.continuous:
+        np.testing.assert_allclose(actions.mean(0), outputs, atol=0.03)
+        np.testing.assert_allclose(actions.std(0), np.exp([-1.0, 0.5]), rtol=0.03)
+    else:
+        probs = np.exp(outputs - outputs.max()) / np.exp(outputs - outputs.max()).sum()
+        assert probs.max() - probs.min() > 0.2
+        np.testing.assert_allclose(np.bincount(actions, minlength=3) / len(actions), probs, atol=0.015)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -177,8 +209,8 @@ def tiny(tmp_path, **options) -> PPOConfig:
 def test_a_truncated_step_bootstraps_from_the_true_final_observation(tmp_path, monkeypatch):
     """The rollout's reward at a time limit is r + γ V(final observation), not r (CleanRL's script cuts it)."""
     updates = []
-    monkeypatch.setattr(PPO, "update", lambda agent, rollout, next_obs: updates.append(
-        ({n: v.clone() for n, v in rollout.data.items()}, agent)) or {})
+    monkeypatch.setattr(PPO, "update", lambda agent, rollout, next_values: updates.append(
+        ({n: torch.from_numpy(v.copy()) for n, v in rollout.data.items()}, agent)) or {})
     ppo.train(tiny(tmp_path, env_id="keelrl_test/TimeLimited-v0", total_timesteps=8, num_steps=8, num_minibatches=1,
                    normalize_obs=False, normalize_reward=False, eval_freq=0))
     (data, agent), = updates
@@ -254,7 +286,7 @@ def test_a_run_resumed_on_envs_that_cannot_be_saved_starts_new_episodes(tmp_path
     checkpoint = torch.load(run_dir / "checkpoint.pt", weights_only=True)
     assert checkpoint["episodes"] is None and checkpoint["rollout"]["step"] == 50  # 100 steps of 2 envs
     ends = []
-    monkeypatch.setattr(PPO, "update", lambda agent, rollout, next_obs: ends.append(rollout.data["dones"].clone())
+    monkeypatch.setattr(PPO, "update", lambda agent, rollout, next_values: ends.append(rollout.data["dones"].copy())
                         or {})
     ppo.train(PPOConfig(resume=str(run_dir), quiet=True))
     assert ends[0][49].tolist() == [1.0, 1.0]  # every episode in progress ended at the checkpoint's step

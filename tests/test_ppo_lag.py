@@ -55,15 +55,16 @@ def test_cost_advantages_are_centred_and_the_surrogate_weighs_them_by_lambda():
     g = torch.Generator().manual_seed(1)
     rollout = RolloutBuffer(STEPS, ENVS, (OBS_DIM,), (2,), store_cost=True)
     for t in range(STEPS):
-        rollout.add(obs=torch.randn(ENVS, OBS_DIM, generator=g), actions=torch.rand(ENVS, 2, generator=g),
-                    log_probs=torch.randn(ENVS, generator=g), values=torch.randn(ENVS, generator=g),
-                    rewards=torch.randn(ENVS, generator=g), costs=(torch.rand(ENVS, generator=g) < 0.5).float(),
-                    cost_values=torch.rand(ENVS, generator=g), dones=torch.tensor([float(t == 3), 0.0]))
-    next_obs = torch.randn(ENVS, OBS_DIM, generator=g)
-    batch = agent.batch(rollout, next_obs)
-    data = {name: value.double() for name, value in rollout.data.items()}
-    with torch.no_grad():
-        next_cost_values = agent.cost_critic(next_obs)[:, 0].double()
+        rollout.add(obs=torch.randn(ENVS, OBS_DIM, generator=g).numpy(),
+                    actions=torch.rand(ENVS, 2, generator=g).numpy(),
+                    log_probs=torch.randn(ENVS, generator=g).numpy(), values=torch.randn(ENVS, generator=g).numpy(),
+                    rewards=torch.randn(ENVS, generator=g).numpy(),
+                    costs=(torch.rand(ENVS, generator=g) < 0.5).float().numpy(),
+                    cost_values=torch.rand(ENVS, generator=g).numpy(), dones=np.array([t == 3, False]))
+    next_values = {"rewards": torch.randn(ENVS, generator=g).numpy(), "costs": torch.rand(ENVS, generator=g).numpy()}
+    batch = agent.batch(rollout, next_values)
+    data = {name: torch.from_numpy(value).double() for name, value in rollout.data.items()}
+    next_cost_values = torch.from_numpy(next_values["costs"]).double()
     cost_advantages, cost_returns = gae_by_hand(data["costs"], data["cost_values"], data["dones"], next_cost_values)
     expected = (cost_advantages - cost_advantages.mean()).flatten()  # centred on the rollout, not scaled
     torch.testing.assert_close(batch["cost_advantages"].double(), expected, rtol=1e-5, atol=1e-6)
