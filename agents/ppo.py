@@ -248,6 +248,8 @@ class PPO(SavedSpaceAgent):
         clip = self.config.reward_clip
         return np.minimum(np.maximum(self.reward_scaler.scale(rewards), -clip), clip)
 
+    # ---- learning
+
     def log_prob_and_entropy(self, obs: torch.Tensor, actions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """log π(a|s) and the entropy of π(·|s) for standardised observations (B, obs_dim), summed over action
         dimensions: (B,), (B,). Written out rather than through torch.distributions, whose checks and objects cost
@@ -264,8 +266,6 @@ class PPO(SavedSpaceAgent):
     def value(self, obs: torch.Tensor) -> torch.Tensor:
         """V(s) (B,) of standardised observations."""
         return self.critic(obs)[:, 0]
-
-    # ---- learning
 
     def batch(self, rollout: RolloutBuffer, next_values: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
         """The rollout as (T·N, ...) tensors on the agent's device, with GAE advantages and value targets;

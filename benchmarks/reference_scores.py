@@ -183,10 +183,14 @@ SAFE_VELOCITY_REASON = (
     "a velocity-constrained task: a score from the return alone ignores the cost limit (an agent that ignores the "
     "constraint would rank best), and no published (random, reference) returns of the constrained task are known "
     "to keelrl (REFERENCES.md gives OmniSafe's reward / cost pairs only)")
+PUSHER_REASON = (
+    "no sourced (random, reference) returns: D4RL and SimbaV2 do not normalise Pusher, and its return (minus "
+    "distances and control cost) has no natural bounds to use instead")
 NO_RANGE_REASONS: dict[str, str] = {
-    task: SAFE_VELOCITY_REASON for task in (
+    **{task: SAFE_VELOCITY_REASON for task in (
         "safehoppervelocity", "safehalfcheetahvelocity", "safewalker2dvelocity", "safeantvelocity",
-        "safehumanoidvelocity", "safeswimmervelocity")
+        "safehumanoidvelocity", "safeswimmervelocity")},
+    "pusher": PUSHER_REASON,
 }
 """Tasks deliberately left without a score range, and why."""
 

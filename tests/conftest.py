@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from keelrl.buffers import ReplayBuffer
+from keelrl.envs import CostWrapper
 
 torch.set_num_threads(1)
 
@@ -30,6 +31,26 @@ class NanRewardEnv(gym.Env):
 
 gym.register("keelrl_test/NanReward-v0", entry_point=NanRewardEnv, kwargs={"nan_step": 5})
 gym.register("keelrl_test/NanRewardLate-v0", entry_point=NanRewardEnv, kwargs={"nan_step": 250}, max_episode_steps=300)
+
+
+class ConstantEnv(gym.Env):
+    """10-step episodes of zeros, truncated at the end; as keelrl_test/AlwaysCost-v0 every step costs 1 (through
+    CostWrapper)."""
+
+    observation_space = gym.spaces.Box(-1.0, 1.0, (3,), np.float32)
+    action_space = gym.spaces.Box(-1.0, 1.0, (1,), np.float32)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        return np.zeros(3, np.float32), {}
+
+    def step(self, action):
+        self.t += 1
+        return np.zeros(3, np.float32), 0.0, False, self.t >= 10, {}
+
+
+gym.register("keelrl_test/AlwaysCost-v0", entry_point=lambda: CostWrapper(ConstantEnv(), lambda a, o, i: 1.0))
 
 
 OBS_DIM, ACTION_DIM = 5, 2

@@ -8,7 +8,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from keelrl.benchmarks.perf.gemm_floor import UpdateProducts
 from keelrl.benchmarks.perf.speed import Args as SpeedArgs
 from keelrl.benchmarks.perf.speed import update_flops
-from keelrl.benchmarks.checks.summarize_runs import summarize_keelrl, table
+from keelrl.benchmarks.checks.summarize_runs import binned_returns, summarize_keelrl, table
 
 
 def write_run(run_dir: Path, final_return: float, final_cost: float, train_returns: list[float]) -> Path:
@@ -27,8 +27,16 @@ def test_final_evaluation_cost_and_last_training_episodes(tmp_path):
     assert (first.final_eval, first.final_cost, first.last_train, first.last_step) == (300.0, 12.0, 15.0, 2000)
     assert (second.final_eval, second.final_cost, second.last_train) == (100.0, 40.0, 5.0)
     lines = table("keelrl", [first, second]).splitlines()
-    assert lines[4] == "| a | 2000 | 300.0 | 12.0 | 15.0 |"
-    assert lines[-1] == "| mean ± std (2 runs) | | 200.0 ± 100.0 | 26.0 ± 14.0 | 10.0 ± 5.0 |"
+    assert lines[4] == "| a | 2000 | 300.0 | 12.0 | 15.0 | nan |"  # no TensorBoard events: no speed
+    assert lines[-1] == "| mean ± std (2 runs) | | 200.0 ± 100.0 | 26.0 ± 14.0 | 10.0 ± 5.0 | nan ± nan |"
+
+
+def test_training_return_curves_average_each_run_per_bin_then_across_runs(tmp_path):
+    first = summarize_keelrl(write_run(tmp_path / "a", 0.0, 0.0, [10.0, 20.0, 30.0, 40.0]), last_episodes=2)
+    second = summarize_keelrl(write_run(tmp_path / "b", 0.0, 0.0, [50.0]), last_episodes=2)
+    ends, mean, std = binned_returns([first, second], bin_steps=200)  # episodes end at steps 100, 200, 300, 400
+    assert ends.tolist() == [200, 400]
+    assert mean.tolist() == [(15.0 + 50.0) / 2, 35.0] and std.tolist() == [17.5, 0.0]
 
 
 @pytest.mark.parametrize("algo, one_column_products", [("sac", 20), ("td3", 14)])

@@ -17,25 +17,6 @@ from keelrl.envs import CostWrapper
 OBS_DIM, ACTION_DIM = 5, 2  # as the fixed_batch fixture in conftest.py
 
 
-class ConstantEnv(gym.Env):
-    """10-step episodes of zeros; every step costs 1 (through CostWrapper)."""
-
-    observation_space = gym.spaces.Box(-1.0, 1.0, (3,), np.float32)
-    action_space = gym.spaces.Box(-1.0, 1.0, (1,), np.float32)
-
-    def reset(self, *, seed=None, options=None):
-        super().reset(seed=seed)
-        self.t = 0
-        return np.zeros(3, np.float32), {}
-
-    def step(self, action):
-        self.t += 1
-        return np.zeros(3, np.float32), 0.0, False, self.t >= 10, {}
-
-
-gym.register("keelrl_test/AlwaysCost-v0", entry_point=lambda: CostWrapper(ConstantEnv(), lambda a, o, i: 1.0))
-
-
 class TrackEnv(gym.Env):
     """20 steps along a track: the action is the speed and the reward; obs = the fraction of time left.
     With the cost speed > 0.5, going flat out earns 20 at a cost of 20; a limit of 5 forces it slower."""

@@ -25,6 +25,7 @@ from keelrl.agents.harness import loop
 from keelrl.agents.harness.options import run_cli
 from keelrl.agents.ppo import PPO, PPOConfig
 from keelrl.buffers.rollout import RolloutBuffer
+from keelrl.evaluate import main as evaluate_main
 
 OBS_DIM, STEPS, ENVS = 3, 5, 2
 TOL = dict(rtol=1e-5, atol=1e-6)
@@ -290,6 +291,22 @@ def test_a_run_resumed_on_envs_that_cannot_be_saved_starts_new_episodes(tmp_path
                         or {})
     ppo.train(PPOConfig(resume=str(run_dir), quiet=True))
     assert ends[0][49].tolist() == [1.0, 1.0]  # every episode in progress ended at the checkpoint's step
+
+
+def test_the_evaluation_command_and_extend_to_take_a_ppo_run(tmp_path, capsys):
+    """model.pt keeps the observation statistics the policy acts through, so the evaluation command gives what
+    `evaluate` gives; --extend-to trains a finished run on to the new budget."""
+    result = ppo.train(tiny(tmp_path, total_timesteps=256, eval_freq=0))
+    agent = PPO.load(result.run_dir / "model.pt")
+    assert agent.obs_norm.count.item() == 256  # every observation acted on, from the saved model
+    capsys.readouterr()
+    assert evaluate_main([str(result.run_dir), "--episodes", "3", "--seed", "7"]) == 0
+    returns, _ = ppo.evaluate(agent, "InvertedPendulum-v5", episodes=3, seed=7)
+    assert f"return {returns.mean():.1f} ± {returns.std():.1f}" in capsys.readouterr().out
+    extended = ppo.train(PPOConfig(resume=str(result.run_dir), extend_to=512, quiet=True))
+    assert extended.global_step == 512
+    assert torch.load(result.run_dir / "checkpoint.pt", weights_only=True)["agent"]["num_updates"] == 8
+    assert PPO.load(result.run_dir / "model.pt").obs_norm.count.item() == 512
 
 
 def test_cartpole_learns_within_25k_steps(tmp_path):

@@ -14,39 +14,11 @@ from keelrl.agents.harness.options import run_cli
 from keelrl.agents.lagrange import AdamMultiplier
 from keelrl.agents.ppo_lag import PPOLag, PPOLagConfig
 from keelrl.buffers.rollout import RolloutBuffer
-from keelrl.envs import CostWrapper
+from test_ppo import gae_by_hand
 
 OBS_DIM, STEPS, ENVS = 3, 6, 2
 SETTINGS = dict(hidden_sizes=(8, 8), num_envs=ENVS, num_steps=STEPS, num_minibatches=1, update_epochs=1,
                 learning_rate=1e-3, ent_coef=0.0, normalize_obs=False, normalize_reward=False)
-
-
-class ConstantEnv(gym.Env):
-    """10-step episodes of zeros, truncated at the end; every step costs 1 (through CostWrapper)."""
-
-    observation_space = gym.spaces.Box(-1.0, 1.0, (3,), np.float32)
-    action_space = gym.spaces.Box(-1.0, 1.0, (1,), np.float32)
-
-    def reset(self, *, seed=None, options=None):
-        super().reset(seed=seed)
-        self.t = 0
-        return np.zeros(3, np.float32), {}
-
-    def step(self, action):
-        self.t += 1
-        return np.zeros(3, np.float32), 0.0, False, self.t >= 10, {}
-
-
-gym.register("keelrl_test/PPOAlwaysCost-v0", entry_point=lambda: CostWrapper(ConstantEnv(), lambda a, o, i: 1.0))
-
-
-def gae_by_hand(rewards, values, dones, next_values, gamma=0.99, lam=0.95):
-    advantages, last = torch.zeros_like(rewards), torch.zeros_like(next_values)
-    for t in reversed(range(len(rewards))):
-        following = next_values if t == len(rewards) - 1 else values[t + 1]
-        delta = rewards[t] + gamma * (1 - dones[t]) * following - values[t]
-        advantages[t] = last = delta + gamma * lam * (1 - dones[t]) * last
-    return advantages, advantages + values
 
 
 def test_cost_advantages_are_centred_and_the_surrogate_weighs_them_by_lambda():
@@ -65,7 +37,8 @@ def test_cost_advantages_are_centred_and_the_surrogate_weighs_them_by_lambda():
     batch = agent.batch(rollout, next_values)
     data = {name: torch.from_numpy(value).double() for name, value in rollout.data.items()}
     next_cost_values = torch.from_numpy(next_values["costs"]).double()
-    cost_advantages, cost_returns = gae_by_hand(data["costs"], data["cost_values"], data["dones"], next_cost_values)
+    cost_advantages, cost_returns = gae_by_hand(data["costs"], data["cost_values"], data["dones"], next_cost_values,
+                                                0.99, 0.95)
     expected = (cost_advantages - cost_advantages.mean()).flatten()  # centred on the rollout, not scaled
     torch.testing.assert_close(batch["cost_advantages"].double(), expected, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(batch["cost_returns"].double(), cost_returns.flatten(), rtol=1e-5, atol=1e-6)
@@ -93,7 +66,7 @@ def test_the_adam_multiplier_is_omnisafes_adam_step_on_minus_lambda_times_the_vi
 def test_lambda_steps_once_per_rollout_on_the_costs_of_its_finished_episodes(tmp_path):
     """Every step costs 1 and episodes last 10 steps, so each rollout of 20 steps ends 2 episodes of cost 10:
     λ takes one Adam step per rollout on 10 − 3 (3 rollouts: 3 steps), from λ 0.001."""
-    config = PPOLagConfig(env_id="keelrl_test/PPOAlwaysCost-v0", total_timesteps=60, num_envs=1, num_steps=20,
+    config = PPOLagConfig(env_id="keelrl_test/AlwaysCost-v0", total_timesteps=60, num_envs=1, num_steps=20,
                           num_minibatches=1, update_epochs=1, hidden_sizes=(8, 8), cost_limit=3.0, eval_freq=0,
                           eval_episodes=2, runs_dir=str(tmp_path), quiet=True)
     result = ppo_lag.train(config)

@@ -1,17 +1,22 @@
 """Summarise finished runs as a Markdown table: keelrl run directories and, beside them, CleanRL's.
 
-    python -m keelrl.benchmarks.checks.summarize_runs --keelrl runs/Hopper-v5__sac__* --cleanrl ../cleanrl/runs/Hopper-v5__*
+    python -m keelrl.benchmarks.checks.summarize_runs --keelrl runs/Hopper-v5__sac__* \
+        --cleanrl ../cleanrl/runs/Hopper-v5__* --curves hopper.png
 
 For each run: the final evaluation return and episode cost (keelrl's eval.csv, cost 0 on a task
-without one; CleanRL does not evaluate), and the mean return of the last
-`--last-episodes` training episodes (keelrl's episodes.csv; CleanRL's `charts/episodic_return`
-TensorBoard scalar), then mean ± std over the runs of each group.
+without one; CleanRL's eval.csv where the scratch copy wrote one, else none: CleanRL's scripts do not
+evaluate), the mean return of the last `--last-episodes` training episodes (keelrl's episodes.csv;
+CleanRL's `charts/episodic_return` TensorBoard scalar), and steps/s (keelrl: the last `charts/SPS`,
+evaluations and checkpoints left out; CleanRL: its summary.json where the scratch copy wrote one, else its
+last `charts/SPS`), then mean ± std over the runs of each group. `--curves` draws the training episodes'
+returns of both groups (mean over runs of `--bin`-step bins).
 """
 
 from __future__ import annotations
 
 import csv
 import dataclasses
+import json
 from pathlib import Path
 
 import numpy as np
@@ -26,6 +31,10 @@ class Args:
     """CleanRL run directories (with TensorBoard events)"""
     last_episodes: int = 10
     """training episodes averaged for the 'last training episodes' column"""
+    curves: Path | None = None
+    """draw the training returns of both groups into this PNG"""
+    bin: int = 20_000
+    """steps per bin of the curves"""
 
 
 @dataclasses.dataclass
@@ -36,51 +45,106 @@ class RunSummary:
     last_step: int
     final_cost: float = float("nan")
     """mean episode cost of the final evaluation (0 on a task without cost; NaN for CleanRL)"""
+    sps: float = float("nan")
+    episodes: list[tuple[int, float]] = dataclasses.field(default_factory=list)
+    """(global step, return) of every training episode"""
 
 
-def summarize_keelrl(run_dir: Path, last_episodes: int) -> RunSummary:
-    with (run_dir / "eval.csv").open() as f:
-        evals = list(csv.DictReader(f))
-    with (run_dir / "episodes.csv").open() as f:
-        episodes = list(csv.DictReader(f))
-    last = [float(row["return"]) for row in episodes[-last_episodes:]]
-    final = evals[-1]
-    return RunSummary(run_dir.name, float(final["mean_return"]), float(np.mean(last)),
-                      int(final["global_step"]), float(final["mean_cost"]))
+def read_csv(path: Path) -> list[dict[str, str]]:
+    with path.open() as f:
+        return list(csv.DictReader(f))
 
 
-def summarize_cleanrl(run_dir: Path, last_episodes: int) -> RunSummary:
+def scalars(run_dir: Path, tag: str) -> list:
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     events = EventAccumulator(str(run_dir), size_guidance={"scalars": 0})
     events.Reload()
-    returns = events.Scalars("charts/episodic_return")
-    last = [event.value for event in returns[-last_episodes:]]
-    return RunSummary(run_dir.name, float("nan"), float(np.mean(last)), returns[-1].step)
+    return events.Scalars(tag) if tag in events.Tags()["scalars"] else []
+
+
+def summarize_keelrl(run_dir: Path, last_episodes: int) -> RunSummary:
+    final = read_csv(run_dir / "eval.csv")[-1]
+    episodes = [(int(row["global_step"]), float(row["return"])) for row in read_csv(run_dir / "episodes.csv")]
+    speeds = scalars(run_dir, "charts/SPS")
+    last_train = float(np.mean([r for _, r in episodes[-last_episodes:]]))
+    return RunSummary(run_dir.name, float(final["mean_return"]), last_train, int(final["global_step"]),
+                      float(final["mean_cost"]), speeds[-1].value if speeds else float("nan"), episodes)
+
+
+def summarize_cleanrl(run_dir: Path, last_episodes: int) -> RunSummary:
+    episodes = [(event.step, event.value) for event in scalars(run_dir, "charts/episodic_return")]
+    final_eval = float(read_csv(run_dir / "eval.csv")[-1]["mean_return"]) if (run_dir / "eval.csv").is_file() \
+        else float("nan")
+    if (run_dir / "summary.json").is_file():
+        sps = json.loads((run_dir / "summary.json").read_text())["sps"]
+    else:
+        speeds = scalars(run_dir, "charts/SPS")
+        sps = speeds[-1].value if speeds else float("nan")
+    return RunSummary(run_dir.name, final_eval, float(np.mean([r for _, r in episodes[-last_episodes:]])),
+                      episodes[-1][0], sps=sps, episodes=episodes)
 
 
 def table(title: str, runs: list[RunSummary]) -> str:
     lines = [f"**{title}**", "",
-             "| run | last step | final eval return | final eval cost | last training episodes |",
-             "|---|---|---|---|---|"]
+             "| run | last step | final eval return | final eval cost | last training episodes | steps/s |",
+             "|---|---|---|---|---|---|"]
     for run in runs:
         lines.append(f"| {run.name} | {run.last_step} | {run.final_eval:.1f} | {run.final_cost:.1f} | "
-                     f"{run.last_train:.1f} |")
+                     f"{run.last_train:.1f} | {run.sps:.0f} |")
     lines.append(f"| mean ± std ({len(runs)} runs) | | {mean_std([r.final_eval for r in runs])} | "
-                 f"{mean_std([r.final_cost for r in runs])} | {mean_std([r.last_train for r in runs])} |")
+                 f"{mean_std([r.final_cost for r in runs])} | {mean_std([r.last_train for r in runs])} | "
+                 f"{mean_std([r.sps for r in runs], 0)} |")
     return "\n".join(lines)
 
 
-def mean_std(values: list[float]) -> str:
-    return f"{np.mean(values):.1f} ± {np.std(values):.1f}"
+def mean_std(values: list[float], digits: int = 1) -> str:
+    return f"{np.mean(values):.{digits}f} ± {np.std(values):.{digits}f}"
+
+
+def binned_returns(runs: list[RunSummary], bin_steps: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Bin ends (steps), and the mean and std over runs of each run's mean training return in the bin."""
+    last = max(step for run in runs for step, _ in run.episodes)
+    ends = np.arange(bin_steps, last + bin_steps, bin_steps)
+    per_run = np.full((len(runs), len(ends)), np.nan)
+    for i, run in enumerate(runs):
+        steps, returns = np.array(run.episodes).T
+        which = np.minimum((steps - 1) // bin_steps, len(ends) - 1).astype(int)
+        for b in np.unique(which):
+            per_run[i, b] = returns[which == b].mean()
+    return ends, np.nanmean(per_run, 0), np.nanstd(per_run, 0)
+
+
+def draw_curves(groups: dict[str, list[RunSummary]], bin_steps: int, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for name, runs in groups.items():
+        ends, mean, std = binned_returns(runs, bin_steps)
+        ax.plot(ends, mean, label=f"{name} ({len(runs)} runs)")
+        ax.fill_between(ends, mean - std, mean + std, alpha=0.2)
+    ax.set_xlabel("environment steps")
+    ax.set_ylabel(f"training episode return (mean of {bin_steps // 1000}k-step bins)")
+    ax.legend()
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
 
 
 def main(args: Args) -> None:
+    groups = {}
     if args.keelrl:
-        print(table("keelrl", [summarize_keelrl(d, args.last_episodes) for d in sorted(args.keelrl)]))
+        groups["keelrl"] = [summarize_keelrl(d, args.last_episodes) for d in sorted(args.keelrl)]
+        print(table("keelrl", groups["keelrl"]))
         print()
     if args.cleanrl:
-        print(table("CleanRL", [summarize_cleanrl(d, args.last_episodes) for d in sorted(args.cleanrl)]))
+        groups["CleanRL"] = [summarize_cleanrl(d, args.last_episodes) for d in sorted(args.cleanrl)]
+        print(table("CleanRL", groups["CleanRL"]))
+    if args.curves is not None and groups:
+        draw_curves(groups, args.bin, args.curves)
 
 
 if __name__ == "__main__":
