@@ -1,6 +1,6 @@
-"""Conservative Q-Learning (Kumar et al. 2020) with CORL's defaults.
+"""Conservative Q-Learning (Kumar et al. 2020) with CORL's defaults, and Cal-QL (Nakamoto et al. 2023) as an option.
 
-Run:     python -m keelrl.agents.cql --dataset keelrl/hopper-medium-v0
+Run:     python -m keelrl.agents.cql --dataset keelrl/hopper-medium-v0             (add --cal-ql for Cal-QL)
 Import:  from keelrl.agents.cql import CQL, CQLConfig, train, evaluate
 
 The algorithm, top to bottom (SAC on a fixed dataset, with a conservative critic):
@@ -10,7 +10,8 @@ The algorithm, top to bottom (SAC on a fixed dataset, with a conservative critic
   additionally push down a soft maximum of Q over actions the data does not contain while pushing up Q
   of the dataset action: α_cql (τ logsumexp(Q(s, a_i)/τ) − Q(s, a_data)), the a_i being
   `cql_n_actions` uniform actions, policy actions at s and policy actions at s', each (with
-  importance sampling) corrected by its log-density;
+  importance sampling) corrected by its log-density; with `--cal-ql` (Cal-QL) the policy actions' Q-values in
+  that soft maximum are first raised to the dataset's Monte-Carlo return-to-go of the transition where below it;
 - target critics follow by Polyak averaging with rate τ;
 - the loop: load the dataset (corrupted if asked), fit the observation statistics to it, then update on
   uniform batches, evaluating the deterministic policy in the dataset's environment (return and D4RL score).
@@ -85,6 +86,9 @@ class CQLConfig(DatasetOptions, RunOptions):
     """correct each sampled action's Q by its log-density (CQL(H) with importance sampling)"""
     cql_temp: float = 1.0
     """temperature τ of the soft maximum over sampled actions"""
+    cal_ql: bool = False
+    """Cal-QL (Nakamoto et al. 2023): in the conservative term, the Q-values of the policy's actions (at s and s')
+    are bounded below by the transition's Monte-Carlo return-to-go in the dataset; uniform actions are not"""
     autotune: bool = True
     """tune the entropy coefficient so the policy entropy tracks the target"""
     alpha: float = 1.0
@@ -305,6 +309,9 @@ class CQL(SavedAgent):
         num_proposals = log_density.shape[0]
         q_proposals = self.critic(batch.obs.repeat(num_proposals, 1), proposals)[..., 0]  # (E, 3·N·B)
         q_proposals = q_proposals.view(q_data.shape[0], num_proposals, -1)  # (E, 3·N, B)
+        bound_rate = None
+        if config.cal_ql:
+            q_proposals, bound_rate = self.calibrated(q_proposals, batch.mc_returns)
         if config.cql_importance_sample:
             q_proposals = q_proposals - log_density
         else:
@@ -313,9 +320,24 @@ class CQL(SavedAgent):
         conservative_gap = (soft_max - q_data).mean(dim=1).sum()
         critic_loss = td_loss + config.cql_alpha * conservative_gap
         num_critics = q_data.shape[0]
-        return critic_loss, {"losses/qf_loss": td_loss.detach() / num_critics,
-                             "losses/cql_gap": conservative_gap.detach() / num_critics,
-                             "losses/qf_values": q_data.detach().mean()}
+        logged = {"losses/qf_loss": td_loss.detach() / num_critics,
+                  "losses/cql_gap": conservative_gap.detach() / num_critics,
+                  "losses/qf_values": q_data.detach().mean()}
+        if bound_rate is not None:
+            logged["losses/calql_bound_rate"] = bound_rate
+        return critic_loss, logged
+
+    def calibrated(self, q_proposals: torch.Tensor, mc_returns: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Cal-QL's lower bound (WSRL's wsrl/agents/cql.py:127-154 at 891ee35): the Q-values (E, 3·N, B) of the
+        policy's proposals, rows N… (π(·|s), then π(·|s')), raised to the Monte-Carlo return (B,) where below it;
+        the uniform proposals, rows 0…N−1, untouched. Also the fraction of policy Q-values that were below."""
+        if mc_returns is None:
+            raise ValueError("--cal-ql bounds Q-values by the dataset's Monte-Carlo returns, and this batch has none: "
+                             "sample a DatasetBuffer of data prepared with prepare_dataset(..., mc_returns_gamma=γ).")
+        n = self.config.cql_n_actions
+        uniform, policy = q_proposals[:, :n], q_proposals[:, n:]
+        bound_rate = (policy.detach() < mc_returns).float().mean()
+        return torch.cat([uniform, torch.maximum(policy, mc_returns)], dim=1), bound_rate
 
 
 def evaluate(agent: CQL, env_id: str, episodes: int = 10, seed: int = 0,
@@ -329,7 +351,8 @@ def train(config: CQLConfig) -> TrainResult:
     run = Run(config, ALGO, validate, total="total_updates")
     config = run.config
     attacker = load_attacker(config.attack_model) if config.corruption and config.attack_model else (None, None)
-    data, summary = prepare_dataset(config, config.seed, *attacker)
+    data, summary = prepare_dataset(config, config.seed, *attacker,
+                                    mc_returns_gamma=config.gamma if config.cal_ql else None)
     env_id = summary["env_id"]
     observation_space, action_space = evaluation_spaces(data, env_id)
     agent = CQL(int(np.prod(observation_space.shape)), action_space.low, action_space.high, config)

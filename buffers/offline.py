@@ -326,6 +326,18 @@ def episode_returns(data: dict[str, np.ndarray], ends: np.ndarray | None = None)
     return cumulative[last_rows + 1] - cumulative[np.concatenate([[0], last_rows[:-1] + 1])]
 
 
+def returns_to_go(rewards: np.ndarray, ends: np.ndarray, gamma: float) -> np.ndarray:
+    """(N,) float32 Monte-Carlo return-to-go of every row, G_t = r_t + γ G_{t+1} within an episode and G_t = r_t
+    at its last row (`ends` True: a terminal, a timeout or a cut; nothing is bootstrapped past a time limit, as in
+    Cal-QL's and WSRL's calculation, wsrl/envs/env_common.py:203-210 at 891ee35)."""
+    returns = np.empty(len(rewards), dtype=np.float64)
+    following = 0.0
+    for t in range(len(rewards) - 1, -1, -1):
+        following = float(rewards[t]) + (0.0 if ends[t] else gamma * following)
+        returns[t] = following
+    return returns.astype(np.float32)
+
+
 def write_minari_dataset(
     dataset_id: str,
     data: dict[str, np.ndarray],
@@ -381,6 +393,8 @@ class DatasetBuffer:
 
     def __init__(self, data: dict[str, np.ndarray], gamma: float = 0.99, device: str | torch.device = "cpu",
                  seed: int = 0):
+        # returns-to-go, where prepare_dataset added them (`mc_returns_gamma`), ride along in every batch
+        self.mc_returns = None if "mc_returns" not in data else torch.as_tensor(data["mc_returns"], device=device)
         data = validate_d4rl(data)
         self.device = torch.device(device)
 
@@ -405,7 +419,8 @@ class DatasetBuffer:
             self._discounts[batch_size] = torch.full((batch_size,), self.gamma, device=self.device)
         return Batch(obs=self.obs[idx], actions=self.actions[idx], rewards=self.rewards[idx],
                      next_obs=self.next_obs[idx], terminated=self.terminated[idx],
-                     discounts=self._discounts[batch_size])
+                     discounts=self._discounts[batch_size],
+                     mc_returns=None if self.mc_returns is None else self.mc_returns[idx])
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -450,12 +465,14 @@ def validate_dataset_options(options: DatasetOptions) -> None:
 
 
 def prepare_dataset(options: DatasetOptions, seed: int, q_function: QFunction | None = None,
-                    policy: Policy | None = None) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+                    policy: Policy | None = None, mc_returns_gamma: float | None = None,
+                    ) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
     """The training data, corrupted and reward-normalised as `options` ask, and its summary for dataset.json
     (source, evaluation env_id, transitions, episodes, behaviour_return, corruption, reward_scale, ref_scores).
 
     `seed` seeds the corruption; `q_function` and `policy` are the trained agent an adversarial corruption
-    attacks (see `corrupt_dataset`).
+    attacks (see `corrupt_dataset`). With `mc_returns_gamma` the data gains "mc_returns", the discounted
+    return-to-go of every row (`returns_to_go`, on the rewards as trained on, episodes of the clean data).
     """
     data, info = load_dataset_with_info(options.dataset, options.data_path, options.drop_timeout_transitions)
     env_id = options.env_id or info.env_id
@@ -474,6 +491,8 @@ def prepare_dataset(options: DatasetOptions, seed: int, q_function: QFunction | 
                                  "corrupted_transitions": len(indices)}
     if options.normalize_reward:
         data, summary["reward_scale"] = normalize_rewards(data, ends)
+    if mc_returns_gamma is not None:
+        data = {**data, "mc_returns": returns_to_go(data["rewards"], ends, mc_returns_gamma)}
     summary["ref_scores"] = reference_scores(info, env_id)
     return data, summary
 

@@ -23,6 +23,7 @@ class Batch(NamedTuple):
     terminated: torch.Tensor  # (B,) float 0/1; truncation is not termination
     discounts: torch.Tensor  # (B,)
     costs: torch.Tensor | None = None  # (B,) when the buffer stores costs
+    mc_returns: torch.Tensor | None = None  # (B,) discounted return-to-go of each transition (offline data)
 
 
 class ReplayBuffer:

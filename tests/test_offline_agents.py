@@ -259,6 +259,34 @@ def test_train_end_to_end_with_corruption(pendulum_npz, tmp_path):
     assert json.loads((attacked.run_dir / "dataset.json").read_text())["corruption"]["mode"] == "adversarial"
 
 
+def test_cal_ql_trains_on_the_datasets_monte_carlo_returns(pendulum_npz, tmp_path, monkeypatch):
+    """--cal-ql: the data gains each row's discounted return-to-go (episodes as the dataset ends them), every
+    batch carries it, and the critic logs how many policy Q-values it bounded."""
+    gamma, batches, logged = 0.9, [], []
+    sample, update = DatasetBuffer.sample, CQL.update
+    monkeypatch.setattr(DatasetBuffer, "sample", lambda self, size: batches.append(sample(self, size)) or batches[-1])
+    monkeypatch.setattr(CQL, "update", lambda self, batch: logged.append(update(self, batch)) or logged[-1])
+    train_cql(tiny(CQLConfig, pendulum_npz, tmp_path, cal_ql=True, gamma=gamma, total_updates=30, eval_freq=0))
+    data = dict(np.load(pendulum_npz))
+    ends = (data["terminals"] > 0) | (data["timeouts"] > 0)
+    ends[-1] = True
+    expected, following = np.zeros(len(ends)), 0.0
+    for t in range(len(ends) - 1, -1, -1):
+        following = data["rewards"][t] + (0.0 if ends[t] else gamma * following)
+        expected[t] = following
+    rows = {tuple(row): i for i, row in enumerate(np.concatenate([data["observations"], data["actions"]], 1))}
+    for batch in batches:
+        index = [rows[tuple(row)] for row in torch.cat([batch.obs, batch.actions], 1).numpy()]
+        np.testing.assert_allclose(batch.mc_returns.numpy(), expected[index], rtol=1e-5)
+    assert len(batches) == 30 and expected.max() > 5  # InvertedPendulum: +1 a step, so returns-to-go above 1
+    # a fresh critic's Q-values (near 0) lie below these returns-to-go (up to 10): most are bounded at first
+    rates = [losses["losses/calql_bound_rate"].item() for losses in logged]
+    assert len(rates) == 30 and rates[0] > 0.5 and all(0.0 <= rate <= 1.0 for rate in rates)
+    agent = CQL(4, np.array([-3.0]), np.array([3.0]), CQLConfig(cal_ql=True, hidden_sizes=(8,)))
+    with pytest.raises(ValueError, match="--cal-ql bounds Q-values by the dataset's Monte-Carlo returns"):
+        update(agent, batches[0]._replace(mc_returns=None))
+
+
 def test_resume_after_an_interruption_reaches_the_same_weights(pendulum_npz, tmp_path, monkeypatch):
     straight = train_iql(tiny(IQLConfig, pendulum_npz, tmp_path / "a"))
     sample, calls = DatasetBuffer.sample, []

@@ -22,6 +22,7 @@ from keelrl.buffers.offline import (
     load_dataset_with_info,
     normalized_score,
     reference_scores,
+    returns_to_go,
     write_minari_dataset,
 )
 
@@ -220,6 +221,21 @@ def test_dataset_buffer_samples_like_the_replay_buffer(pendulum_data):
     np.testing.assert_array_equal(batch.next_obs.numpy(), pendulum_data["next_observations"][index])
     np.testing.assert_array_equal(batch.terminated.numpy(), pendulum_data["terminals"][index])
     assert len(set(index.tolist())) > 50  # spread over the dataset, not a few rows
+
+
+def test_returns_to_go_by_hand_stop_at_every_episode_end_and_ride_in_the_batches(pendulum_data):
+    # episodes end at row 1 (a terminal), row 4 (a timeout: nothing is bootstrapped past it) and row 5 (the last)
+    rewards, ends = np.array([1.0, 2.0, 3.0, 4.0, 5.0, 6.0]), np.array([0, 1, 0, 0, 1, 1], bool)
+    expected = [1 + 0.5 * 2, 2, 3 + 0.5 * 4 + 0.25 * 5, 4 + 0.5 * 5, 5, 6]
+    np.testing.assert_allclose(returns_to_go(rewards, ends, gamma=0.5), expected, rtol=1e-7)
+    # the buffer samples each row's return-to-go with its transition, and samples the same rows as without it
+    data = {**pendulum_data, "mc_returns": np.arange(300, dtype=np.float32)}  # a row's number as its "return"
+    batch = DatasetBuffer(data, gamma=0.9, seed=3).sample(64)
+    plain = DatasetBuffer(pendulum_data, gamma=0.9, seed=3).sample(64)
+    assert plain.mc_returns is None and torch.equal(batch.obs, plain.obs)
+    rows = batch.mc_returns.long().numpy()
+    np.testing.assert_array_equal(batch.obs.numpy(), pendulum_data["observations"][rows])
+    np.testing.assert_array_equal(batch.rewards.numpy(), pendulum_data["rewards"][rows])
 
 
 def test_replay_buffer_becomes_medium_replay(tmp_path):

@@ -347,13 +347,18 @@ def cql_oracle(params: dict, batch: Batch, config: CQLConfig, noise: dict, low, 
     def q_at_obs(proposals):  # every proposal is scored at s: (E, N, B)
         return ensemble_q(obs.repeat(n, 1), proposals, critic, "critic").view(num_critics, n, BATCH)
 
+    def q_of_policy_action(proposals):  # Cal-QL: raised to the Monte-Carlo return of the transition
+        q = q_at_obs(proposals)
+        return torch.maximum(q, batch.mc_returns.double()) if config.cal_ql else q
+
     if config.cql_importance_sample:
         uniform_log_density = -torch.log(high - low).sum()
         stacked = torch.cat([q_at_obs(uniform) - uniform_log_density,
-                             q_at_obs(current) - current_log_prob.view(n, BATCH),
-                             q_at_obs(following) - following_log_prob.view(n, BATCH)], dim=1)
+                             q_of_policy_action(current) - current_log_prob.view(n, BATCH),
+                             q_of_policy_action(following) - following_log_prob.view(n, BATCH)], dim=1)
     else:
-        stacked = torch.cat([q_at_obs(uniform), q_data.unsqueeze(1), q_at_obs(following), q_at_obs(current)], dim=1)
+        stacked = torch.cat([q_at_obs(uniform), q_data.unsqueeze(1), q_of_policy_action(following),
+                             q_of_policy_action(current)], dim=1)
     soft_max = config.cql_temp * torch.logsumexp(stacked / config.cql_temp, dim=1)  # (E, B)
     td_losses = ((q_data - y) ** 2).mean(dim=1)  # one F.mse_loss per critic, as CORL's qf1_loss, qf2_loss
     gaps = (soft_max - q_data).mean(dim=1)
@@ -373,13 +378,20 @@ CQL_CASES = {
                             options=dict(backup_entropy=True, cql_temp=0.7, cql_alpha=3.0, alpha=0.5)),
     "no-importance-sampling": dict(box=([-1.0, -1.0], [1.0, 1.0]), options=dict(cql_importance_sample=False)),
     "fixed-alpha": dict(box=([-1.0, -1.0], [1.0, 1.0]), options=dict(autotune=False, alpha=0.2, backup_entropy=True)),
+    "cal-ql": dict(box=([-1.0, -1.0], [1.0, 1.0]), options=dict(cal_ql=True)),
+    "cal-ql-no-importance-sampling": dict(box=([-1.0, -2.0], [1.0, 0.5]),
+                                          options=dict(cal_ql=True, cql_importance_sample=False)),
 }
+# Cal-QL's Monte-Carlo returns: every other state's far above any Q-value (all its policy Q-values raised to it),
+# the others' far below (left as they are)
+MC_RETURNS = torch.tensor([100.0, -100.0]).repeat(BATCH // 2)
 
 
 @pytest.mark.parametrize("case", list(CQL_CASES))
 def test_cql_update_matches_oracle(case):
     """CQL (CORL's loss): actor and α steps, TD onto min target Q at a' ~ π(s'), the conservative term over
-    uniform / π(s) / π(s') proposals corrected by their log-densities, Polyak."""
+    uniform / π(s) / π(s') proposals corrected by their log-densities, Polyak. Cal-QL: the π(s) and π(s')
+    proposals' Q-values raised to the Monte-Carlo return where below it, the uniform ones not."""
     low, high = (np.array(v) for v in CQL_CASES[case]["box"])
     torch.manual_seed(2)
     config = CQLConfig(hidden_sizes=HIDDEN, normalize_obs=False, cql_n_actions=3, **CQL_CASES[case]["options"])
@@ -390,12 +402,14 @@ def test_cql_update_matches_oracle(case):
             layer.weight.normal_(0, 0.5)
         agent.critic_target.load_state_dict(agent.critic.state_dict())
     move_target_critics(agent)
-    batch = make_batch(low, high, config.gamma, seed=3)
+    batch = make_batch(low, high, config.gamma, seed=3)._replace(mc_returns=MC_RETURNS if config.cal_ql else None)
     params = snapshot(agent)
     seen = {}
     agent.critic_target.register_forward_hook(record_first(seen, "target", lambda inputs, output: (inputs, output)))
     torch.manual_seed(123)
     losses = agent.update(batch)
+    if config.cal_ql:  # the policy's Q-values at the first half of the states, and only those, were below the bound
+        assert losses["losses/calql_bound_rate"].item() == 0.5
     torch.manual_seed(123)  # the same draws, in the agent's order
     n, action_dim = config.cql_n_actions, len(low)
     noise = {"pi": torch.randn(BATCH, action_dim), "next": torch.randn(BATCH, action_dim),
