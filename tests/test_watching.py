@@ -93,11 +93,15 @@ def test_track_writes_an_offline_wandb_run_with_the_config_and_the_scalars(tmp_p
             items = {item.key or "/".join(item.nested_key): item.value_json for item in record.history.item}
             keys |= set(items)
             if "charts/episodic_return" in items:
-                returns.append(float(items["charts/episodic_return"]))
+                returns.append((int(items["global_step"]), float(items["charts/episodic_return"])))
     assert config["algo"] == "sac" and config["env_id"] == "InvertedPendulum-v5" and config["total_timesteps"] == 300
     assert {"charts/episodic_return", "eval/episodic_return"} <= keys
+    # W&B follows the TensorBoard file (sync_tensorboard) and, on a busy machine, has been seen to write one of
+    # its rows twice (a suite run on two loaded cores gave 42 rows for 41 episodes): the same (step, return) pair
+    # is counted once. With one env every episode ends at its own step, so no episode can hide behind another.
+    unique = list(dict.fromkeys(returns))
     with open(result.run_dir / "episodes.csv") as f:
-        assert returns == pytest.approx([float(row["return"]) for row in csv.DictReader(f)])
+        assert unique == [(int(row["global_step"]), float(row["return"])) for row in csv.DictReader(f)]
 
 
 def test_track_without_wandb_installed_is_one_line_before_any_run_directory(tmp_path, monkeypatch, capsys):
