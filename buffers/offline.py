@@ -393,10 +393,10 @@ class DatasetBuffer:
 
     def __init__(self, data: dict[str, np.ndarray], gamma: float = 0.99, device: str | torch.device = "cpu",
                  seed: int = 0):
-        # returns-to-go, where prepare_dataset added them (`mc_returns_gamma`), ride along in every batch
-        self.mc_returns = None if "mc_returns" not in data else torch.as_tensor(data["mc_returns"], device=device)
-        data = validate_d4rl(data)
         self.device = torch.device(device)
+        # returns-to-go, where prepare_dataset added them (`mc_returns_gamma`), ride along in every batch
+        self.mc_returns = torch.as_tensor(data["mc_returns"], device=self.device) if "mc_returns" in data else None
+        data = validate_d4rl(data)
 
         def tensor(key: str) -> torch.Tensor:
             return torch.as_tensor(data[key], device=self.device)
