@@ -27,6 +27,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+from typing import Literal
 
 import numpy as np
 import torch
@@ -35,7 +36,13 @@ from torch import nn
 
 from keelrl.agents.harness.checkpoints import SavedAgent
 from keelrl.agents.harness.loop import Run, TrainResult
-from keelrl.agents.harness.options import RunOptions, require_positive_counts, run_cli, validate_run_options
+from keelrl.agents.harness.options import (
+    RunOptions,
+    apply_preset,
+    require_positive_counts,
+    run_cli,
+    validate_run_options,
+)
 from keelrl.agents.iql import load_attacker
 from keelrl.buffers import Batch
 from keelrl.buffers.offline import (
@@ -57,6 +64,7 @@ from keelrl.networks import (
     matmul_precision,
     mlp,
     optimizer_step,
+    random_members,
     soft_update,
 )
 
@@ -101,6 +109,15 @@ class CQLConfig(DatasetOptions, RunOptions):
     """hidden layer sizes of actor and critics"""
     num_critics: int = 2
     """critics in the ensemble; targets and the actor take their minimum"""
+    critic_subset_size: int | None = None
+    """REDQ-style ensemble (WSRL's critic_subsample_size): the TD target takes the minimum over this many critics
+    drawn at random with replacement at each update, and only another such draw gets the conservative penalty
+    (None: every critic, in both)"""
+    layer_norm: bool = False
+    """LayerNorm after each hidden layer's Linear, before its ReLU, in actor and critics (WSRL's --use_redq networks)"""
+    max_target_backup: bool = False
+    """the TD target takes, per next state, the maximum over cql_n_actions actions a' ~ π(s') of the pessimistic
+    target Q (the CQL authors' cql_max_target_backup) instead of one a'"""
     orthogonal_init: bool = True
     """orthogonal initialisation of the critics (gain √2, last layer 0.01, zero biases)"""
     normalize_obs: bool = True
@@ -112,6 +129,26 @@ class CQLConfig(DatasetOptions, RunOptions):
     precision: str = "fp32"
     """'fp32', or 'bf16': matrix products in bfloat16 under autocast; weights, optimiser state, losses, TD targets,
     log-probabilities and target updates stay float32 (fast only where the CPU or GPU has native bf16)"""
+    preset: Literal["wsrl"] | None = None
+    """'wsrl': the pre-training WSRL fine-tunes from (its locomotion CQL with --use_redq, see PRESETS); an explicit
+    option that contradicts it is refused"""
+
+
+PRESETS = {
+    # Zhou et al. 2024 (WSRL), github.com/zhouzypaul/wsrl at 891ee35, locomotion pre-training:
+    #   experiments/scripts/locomotion/launch_cql_finetune.sh:6-12 plain CQL (not Cal-QL: README.md:80-81) with
+    #   reward scale 1 and bias 0, 250k updates; README.md:81 --use_redq, which sets (experiments/configs/
+    #   ensemble_config.py:6-9) 10 critics, targets over a random pair, LayerNorm in actor and critics;
+    #   experiments/configs/train_config.py:229-238 actor and critics 2 × 256 ReLU, :239-240 α_cql 5 fixed;
+    #   agents/cql_config.py (experiments/configs/cql_config.py:10-13) 10 uniform actions, max target backup,
+    #   importance sampling; experiments/configs/sac_config.py:37-51 lr 1e-4 actor, 3e-4 critic, 1e-4 temperature
+    #   (keelrl's policy_lr drives both), :6,9 γ 0.99, τ 0.005, :7 no entropy in the backup, :12-13 temperature
+    #   from 1 autotuned, target entropy −|A| (agents/continuous/sac.py:526-527); finetune.py:65 batch 256.
+    #   No observation normalisation anywhere in WSRL.
+    "wsrl": dict(hidden_sizes=(256, 256), num_critics=10, critic_subset_size=2, layer_norm=True, cql_alpha=5.0,
+                 cql_n_actions=10, max_target_backup=True, cql_importance_sample=True, policy_lr=1e-4, qf_lr=3e-4,
+                 normalize_obs=False),
+}
 
 
 def validate(config: CQLConfig) -> None:
@@ -125,6 +162,9 @@ def validate(config: CQLConfig) -> None:
         raise ValueError(f"--gamma and --tau must lie in (0, 1], got {config.gamma} and {config.tau}.")
     if config.cql_n_actions < 1 or config.num_critics < 1:
         raise ValueError("--cql-n-actions and --num-critics must be positive.")
+    subset = config.critic_subset_size
+    if subset is not None and not 1 <= subset <= config.num_critics:
+        raise ValueError(f"--critic-subset-size must lie in [1, --num-critics {config.num_critics}], got {subset}.")
     if config.cql_alpha < 0 or config.cql_temp <= 0 or config.alpha <= 0:
         raise ValueError("--cql-alpha must be non-negative, --cql-temp and --alpha positive.")
 
@@ -139,10 +179,11 @@ class CQLActor(nn.Module):
     """
 
     def __init__(self, obs_dim: int, action_low: np.ndarray, action_high: np.ndarray,
-                 hidden_sizes: tuple[int, ...], log_std_min: float = -20.0, log_std_max: float = 2.0):
+                 hidden_sizes: tuple[int, ...], log_std_min: float = -20.0, log_std_max: float = 2.0,
+                 layer_norm: bool = False):
         super().__init__()
         self.action_dim = len(action_low)
-        self.net = mlp(obs_dim, hidden_sizes, 2 * self.action_dim)
+        self.net = mlp(obs_dim, hidden_sizes, 2 * self.action_dim, layer_norm=layer_norm)
         nn.init.xavier_uniform_(self.net[-1].weight, gain=1e-2)
         nn.init.zeros_(self.net[-1].bias)
         self.log_std_multiplier = nn.Parameter(torch.tensor(1.0))
@@ -203,11 +244,13 @@ class CQL(SavedAgent):
         self.obs_norm = RunningObsNorm(obs_dim, clip=None, eps=1e-3, eps_on="std") if config.normalize_obs \
             else nn.Identity()
         hidden, action_dim = tuple(config.hidden_sizes), len(action_low)
-        self.actor = CQLActor(obs_dim, action_low, action_high, hidden)
-        self.critic = CriticEnsemble(obs_dim, action_dim, hidden, config.num_critics)  # -> (E, B, 1)
+        self.actor = CQLActor(obs_dim, action_low, action_high, hidden, layer_norm=config.layer_norm)
+        self.critic = CriticEnsemble(obs_dim, action_dim, hidden, config.num_critics,
+                                     layer_norm=config.layer_norm)  # -> (E, B, 1)
         if config.orthogonal_init:
             orthogonal_init_(self.critic)
-        self.critic_target = CriticEnsemble(obs_dim, action_dim, hidden, config.num_critics).requires_grad_(False)
+        self.critic_target = CriticEnsemble(obs_dim, action_dim, hidden, config.num_critics,
+                                            layer_norm=config.layer_norm).requires_grad_(False)
         self.critic_target.load_state_dict(self.critic.state_dict())
         # the parameter lists Polyak averaging walks, gathered once (the tensors stay the same objects)
         self.polyak_target, self.polyak_online = list(self.critic_target.parameters()), list(self.critic.parameters())
@@ -297,35 +340,50 @@ class CQL(SavedAgent):
         per-critic TD loss, gap and Q-values."""
         config = self.config
         with torch.no_grad():
-            next_actions, next_log_prob = self.actor.sample(batch.next_obs)
-            next_q = self.critic_target(batch.next_obs, next_actions)[..., 0].min(dim=0).values  # (E, B) -> (B,)
-            if config.backup_entropy:
-                next_q = next_q - self.alpha * next_log_prob
+            next_q = self.next_value(batch.next_obs)
             target = batch.rewards + batch.discounts * (1.0 - batch.terminated) * next_q
             proposals, log_density = self.proposal_actions(batch)
         q_data = self.critic(batch.obs, batch.actions)[..., 0]  # (E, B)
         td_loss = (q_data - target).pow(2).mean(dim=1).sum()
-        # Q of every proposal, all critics in one pass; all proposals are scored at s
+        # the penalised critics (all, or a random subset), each scoring every proposal in one pass, all at s
+        members = random_members(config.num_critics, config.critic_subset_size, q_data.device)
+        q_data = q_data[members]  # (E, B) -> (M, B)
         num_proposals = log_density.shape[0]
-        q_proposals = self.critic(batch.obs.repeat(num_proposals, 1), proposals)[..., 0]  # (E, 3·N·B)
-        q_proposals = q_proposals.view(q_data.shape[0], num_proposals, -1)  # (E, 3·N, B)
+        q_proposals = self.critic(batch.obs.repeat(num_proposals, 1), proposals, members)[..., 0]  # (M, 3·N·B)
+        q_proposals = q_proposals.view(q_data.shape[0], num_proposals, -1)  # (M, 3·N, B)
         bound_rate = None
         if config.cal_ql:
             q_proposals, bound_rate = self.calibrated(q_proposals, batch.mc_returns)
         if config.cql_importance_sample:
             q_proposals = q_proposals - log_density
         else:
-            q_proposals = torch.cat([q_proposals, q_data.unsqueeze(1)], dim=1)  # (E, 3·N + 1, B)
-        soft_max = config.cql_temp * torch.logsumexp(q_proposals / config.cql_temp, dim=1)  # (E, B)
-        conservative_gap = (soft_max - q_data).mean(dim=1).sum()
+            q_proposals = torch.cat([q_proposals, q_data.unsqueeze(1)], dim=1)  # (M, 3·N + 1, B)
+        soft_max = config.cql_temp * torch.logsumexp(q_proposals / config.cql_temp, dim=1)  # (M, B)
+        # the penalised critics' gaps summed, scaled by E/M: their weight beside the TD loss (a sum over the E
+        # critics) is then the same with or without a subset, as in WSRL, whose two losses are means over members
+        conservative_gap = (soft_max - q_data).mean(dim=1).sum() * (config.num_critics / q_data.shape[0])
         critic_loss = td_loss + config.cql_alpha * conservative_gap
-        num_critics = q_data.shape[0]
-        logged = {"losses/qf_loss": td_loss.detach() / num_critics,
-                  "losses/cql_gap": conservative_gap.detach() / num_critics,
+        logged = {"losses/qf_loss": td_loss.detach() / config.num_critics,
+                  "losses/cql_gap": conservative_gap.detach() / config.num_critics,
                   "losses/qf_values": q_data.detach().mean()}
         if bound_rate is not None:
             logged["losses/calql_bound_rate"] = bound_rate
         return critic_loss, logged
+
+    def next_value(self, next_obs: torch.Tensor) -> torch.Tensor:
+        """The backed-up value (B,) at s': the minimum over the target critics (or a random subset of them) of
+        Q'(s', a'), a' ~ π(s'); with max_target_backup the maximum of that over cql_n_actions such a'; with
+        backup_entropy minus α log π(a'|s') of the a' taken."""
+        config = self.config
+        samples = config.cql_n_actions if config.max_target_backup else 1
+        batch_size = next_obs.shape[0]
+        next_actions, next_log_prob = self.actor.sample(next_obs.repeat(samples, 1))  # (n·B, A), (n·B,)
+        members = random_members(config.num_critics, config.critic_subset_size, next_obs.device)
+        next_q = self.critic_target(next_obs.repeat(samples, 1), next_actions, members)[..., 0].min(dim=0).values
+        next_q, best = next_q.view(samples, batch_size).max(dim=0)  # (n·B,) -> (B,): the best of the n actions
+        if config.backup_entropy:
+            next_q = next_q - self.alpha * next_log_prob.view(samples, batch_size).gather(0, best[None])[0]
+        return next_q
 
     def calibrated(self, q_proposals: torch.Tensor, mc_returns: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Cal-QL's lower bound (WSRL's wsrl/agents/cql.py:127-154 at 891ee35): the Q-values (E, 3·N, B) of the
@@ -348,7 +406,8 @@ def evaluate(agent: CQL, env_id: str, episodes: int = 10, seed: int = 0,
 
 def train(config: CQLConfig) -> TrainResult:
     """Train CQL for `config.total_updates` gradient updates on `config.dataset`."""
-    run = Run(config, ALGO, validate, total="total_updates")
+    run = Run(apply_preset(config, PRESETS) if config.resume is None else config, ALGO, validate,
+              total="total_updates")
     config = run.config
     attacker = load_attacker(config.attack_model) if config.corruption and config.attack_model else (None, None)
     data, summary = prepare_dataset(config, config.seed, *attacker,

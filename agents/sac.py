@@ -51,6 +51,7 @@ from keelrl.networks import (
     loss_function,
     make_optimizer,
     optimizer_step,
+    random_members,
     scale_learning_rates,
     soft_update,
     td_target,
@@ -265,7 +266,8 @@ class SAC(SavedAgent):
         and their detached outputs (E, B, K)."""
         with torch.no_grad():
             next_actions, next_log_prob = self.actor.sample(batch.next_obs)
-            next_outputs = self.critic_target(batch.next_obs, next_actions)  # (E, B, K)
+            members = random_members(self.config.num_critics, self.config.critic_subset_size, batch.rewards.device)
+            next_outputs = self.critic_target(batch.next_obs, next_actions)[members]  # (E, B, K) -> (M, B, K)
             target = td_target(self.head, next_outputs, batch.rewards, batch.discounts, batch.terminated,
                                next_bonus=-self.alpha * next_log_prob)
         outputs = self.critic(batch.obs, batch.actions)  # (E, B, K)

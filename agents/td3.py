@@ -53,6 +53,7 @@ from keelrl.networks import (
     loss_function,
     make_optimizer,
     optimizer_step,
+    random_members,
     scale_learning_rates,
     soft_update,
     td_target,
@@ -246,7 +247,8 @@ class TD3(SavedAgent):
         and their detached outputs (E, B, K)."""
         with torch.no_grad():
             next_actions = self.smoothed_target_actions(batch.next_obs)
-            next_outputs = self.critic_target(batch.next_obs, next_actions)  # (E, B, K)
+            members = random_members(self.config.num_critics, self.config.critic_subset_size, batch.rewards.device)
+            next_outputs = self.critic_target(batch.next_obs, next_actions)[members]  # (E, B, K) -> (M, B, K)
             target = td_target(self.head, next_outputs, batch.rewards, batch.discounts, batch.terminated)
         outputs = self.critic(batch.obs, batch.actions)  # (E, B, K)
         # squared error (scalar critic) or cross-entropy against the target distribution (C51, HL-Gauss), (E, B)

@@ -1,7 +1,7 @@
 """keelrl.networks: MLPs, batched ensembles, actors and critics, SimBa/SimbaV2 encoders, value heads."""
 
 from keelrl.networks.actors import DeterministicActor, TanhGaussianActor
-from keelrl.networks.critics import CriticEnsemble
+from keelrl.networks.critics import CriticEnsemble, random_members
 from keelrl.networks.builders import NetworkOptions, build_actor, build_critic, build_head, validate_network_options
 from keelrl.networks.heads import C51Head, CategoricalHead, HLGaussHead, ScalarHead, ValueHead, td_target
 from keelrl.networks.mlp import EnsembleLinear, EnsembleMLP, NumpyMLP, mlp, orthogonal_init_
@@ -29,7 +29,7 @@ from keelrl.networks.training import (
     unpack_training_state,
 )
 
-__all__ = ["mlp", "orthogonal_init_", "NumpyMLP", "EnsembleLinear", "EnsembleMLP", "CriticEnsemble", "TanhGaussianActor", "DeterministicActor",
+__all__ = ["mlp", "orthogonal_init_", "NumpyMLP", "EnsembleLinear", "EnsembleMLP", "CriticEnsemble", "random_members", "TanhGaussianActor", "DeterministicActor",
            "RunningObsNorm",
            "ValueHead", "ScalarHead", "CategoricalHead", "C51Head", "HLGaussHead",
            "SimbaEncoder", "SimbaCritic", "SimbaActor", "SimbaDeterministicActor",

@@ -8,7 +8,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from keelrl.networks.mlp import mlp
+from keelrl.networks.mlp import hidden_layers, mlp
 
 _HALF_LOG_2PI = 0.5 * math.log(2 * math.pi)
 
@@ -37,10 +37,11 @@ class TanhGaussianActor(_BoundedActor):
         hidden_sizes: tuple[int, ...] = (256, 256),
         log_std_min: float = -5.0,
         log_std_max: float = 2.0,
+        layer_norm: bool = False,
     ):
         super().__init__(action_low, action_high)
         action_dim = self.action_scale.numel()
-        self.trunk = mlp(obs_dim, hidden_sizes[:-1], hidden_sizes[-1], output_activation=nn.ReLU)
+        self.trunk = hidden_layers(obs_dim, hidden_sizes, layer_norm=layer_norm)
         self.mean = nn.Linear(hidden_sizes[-1], action_dim)
         self.log_std = nn.Linear(hidden_sizes[-1], action_dim)
         self.log_std_min = log_std_min
@@ -79,9 +80,11 @@ class DeterministicActor(_BoundedActor):
         action_low: np.ndarray,
         action_high: np.ndarray,
         hidden_sizes: tuple[int, ...] = (256, 256),
+        layer_norm: bool = False,
     ):
         super().__init__(action_low, action_high)
-        self.net = mlp(obs_dim, hidden_sizes, self.action_scale.numel(), output_activation=nn.Tanh)
+        self.net = mlp(obs_dim, hidden_sizes, self.action_scale.numel(), output_activation=nn.Tanh,
+                       layer_norm=layer_norm)
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
         return self.net(obs).float() * self.action_scale + self.action_bias  # float32 also under bf16 autocast

@@ -24,7 +24,13 @@ class NetworkOptions:
     hidden_sizes: tuple[int, ...] = (256, 256)
     """hidden layer sizes of actor and critics (--network mlp)"""
     num_critics: int = 2
-    """critics in the ensemble; targets take the one with the smallest value"""
+    """critics in the ensemble; targets take the one with the smallest value (of --critic-subset-size of them)"""
+    critic_subset_size: int | None = None
+    """REDQ-style targets (WSRL's critic_subsample_size): the TD target takes the minimum over this many critics
+    drawn at random, with replacement, at each update, instead of over all of them (None: all)"""
+    layer_norm: bool = False
+    """LayerNorm after each hidden layer's Linear, before its activation, in the MLP actor and critics (WSRL's
+    networks; --network mlp)"""
     network: Literal["mlp", "simba", "simbav2"] = "mlp"
     """actor and critic architecture: plain MLPs, SimBa (residual, LayerNorm) or SimbaV2 (hyperspherical)"""
     actor_hidden_dim: int = 128
@@ -71,6 +77,12 @@ MUJOCO_DISCOUNT = episode_length_discount(1000)
 def validate_network_options(options: NetworkOptions) -> None:
     if options.num_critics < 2:
         raise ValueError("Clipped double-Q takes the minimum over at least 2 critics: --num-critics must be >= 2.")
+    subset = options.critic_subset_size
+    if subset is not None and not 1 <= subset <= options.num_critics:
+        raise ValueError(f"--critic-subset-size must lie in [1, --num-critics {options.num_critics}], got {subset}.")
+    if options.layer_norm and options.network != "mlp":
+        raise ValueError(f"--layer-norm adds LayerNorm to the MLP networks; --network {options.network} has its "
+                         f"own normalisation: drop --layer-norm.")
     if options.critic_head != "scalar":
         if options.v_min is None or options.v_max is None:
             raise ValueError(f"--critic-head {options.critic_head} needs a support: give --v-min and --v-max (the "
@@ -94,7 +106,8 @@ def build_critic(options: NetworkOptions, obs_dim: int, action_dim: int, num_out
     if options.network == "simbav2":
         return SimbaV2Critic(obs_dim, action_dim, options.critic_hidden_dim, options.critic_num_blocks,
                              options.num_critics, num_outputs)
-    return CriticEnsemble(obs_dim, action_dim, options.hidden_sizes, options.num_critics, num_outputs)
+    return CriticEnsemble(obs_dim, action_dim, options.hidden_sizes, options.num_critics, num_outputs,
+                          options.layer_norm)
 
 
 def build_actor(options: NetworkOptions, obs_dim: int, low: np.ndarray, high: np.ndarray,
@@ -102,7 +115,7 @@ def build_actor(options: NetworkOptions, obs_dim: int, low: np.ndarray, high: np
     """A tanh-Gaussian (SAC) or deterministic (TD3) actor of the configured architecture."""
     if options.network == "mlp":
         actor_cls = TanhGaussianActor if stochastic else DeterministicActor
-        return actor_cls(obs_dim, low, high, options.hidden_sizes)
+        return actor_cls(obs_dim, low, high, options.hidden_sizes, layer_norm=options.layer_norm)
     simba = {("simba", True): SimbaActor, ("simba", False): SimbaDeterministicActor,
              ("simbav2", True): SimbaV2Actor, ("simbav2", False): SimbaV2DeterministicActor}
     return simba[options.network, stochastic](obs_dim, low, high, options.actor_hidden_dim, options.actor_num_blocks)

@@ -7,7 +7,23 @@ from collections.abc import Callable
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 from torch import nn
+
+
+def hidden_layers(
+    in_dim: int,
+    hidden_sizes: tuple[int, ...],
+    activation: type[nn.Module] = nn.ReLU,
+    layer_norm: bool = False,
+) -> nn.Sequential:
+    """Linear → activation blocks over `hidden_sizes`; with `layer_norm`, Linear → LayerNorm → activation (WSRL's
+    MLP, wsrl/networks/mlp.py:29-45 at 891ee35)."""
+    layers: list[nn.Module] = []
+    sizes = (in_dim, *hidden_sizes)
+    for fan_in, fan_out in zip(sizes[:-1], sizes[1:]):
+        layers += [nn.Linear(fan_in, fan_out), *([nn.LayerNorm(fan_out)] if layer_norm else []), activation()]
+    return nn.Sequential(*layers)
 
 
 def mlp(
@@ -16,13 +32,11 @@ def mlp(
     out_dim: int,
     activation: type[nn.Module] = nn.ReLU,
     output_activation: type[nn.Module] | None = None,
+    layer_norm: bool = False,
 ) -> nn.Sequential:
-    """Linear → activation blocks over `hidden_sizes`, then a Linear to `out_dim`."""
-    layers: list[nn.Module] = []
-    sizes = (in_dim, *hidden_sizes)
-    for fan_in, fan_out in zip(sizes[:-1], sizes[1:]):
-        layers += [nn.Linear(fan_in, fan_out), activation()]
-    layers.append(nn.Linear(sizes[-1], out_dim))
+    """`hidden_layers` over `hidden_sizes`, then a Linear to `out_dim`."""
+    layers = list(hidden_layers(in_dim, hidden_sizes, activation, layer_norm))
+    layers.append(nn.Linear((in_dim, *hidden_sizes)[-1], out_dim))
     if output_activation is not None:
         layers.append(output_activation())
     return nn.Sequential(*layers)
@@ -64,6 +78,10 @@ class NumpyMLP:
         return x
 
 
+Members = slice | torch.Tensor
+"""Which members of an ensemble to evaluate: a slice, or a tensor of member indices (repeats allowed)."""
+
+
 class EnsembleLinear(nn.Module):
     """`num_members` independent Linear layers evaluated as one batched matmul.
 
@@ -77,7 +95,7 @@ class EnsembleLinear(nn.Module):
         self.weight = nn.Parameter(torch.empty(num_members, in_features, out_features).uniform_(-bound, bound))
         self.bias = nn.Parameter(torch.empty(num_members, 1, out_features).uniform_(-bound, bound))
 
-    def forward(self, x: torch.Tensor, members: slice = slice(None)) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, members: Members = slice(None)) -> torch.Tensor:
         """Evaluate the chosen members only (all by default): (B, in) or (E', B, in) -> (E', B, out)."""
         weight, bias = self.weight[members], self.bias[members]
         if weight.shape[-1] == 1:
@@ -93,8 +111,24 @@ class EnsembleLinear(nn.Module):
         return f"num_members={members}, in_features={fan_in}, out_features={fan_out}"
 
 
+class EnsembleLayerNorm(nn.Module):
+    """LayerNorm over the last dimension with each member's own scale and bias (init 1 and 0), as `nn.LayerNorm`."""
+
+    def __init__(self, num_members: int, features: int, eps: float = 1e-5):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(num_members, 1, features))
+        self.bias = nn.Parameter(torch.zeros(num_members, 1, features))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor, members: Members = slice(None)) -> torch.Tensor:
+        """(E', B, features) -> (E', B, features)."""
+        normalised = F.layer_norm(x, x.shape[-1:], eps=self.eps)
+        return torch.addcmul(self.bias[members], normalised, self.weight[members])
+
+
 class EnsembleMLP(nn.Module):
-    """`num_members` MLPs with the same shape, evaluated in one pass: (B, in) -> (E, B, out)."""
+    """`num_members` MLPs with the same shape, evaluated in one pass: (B, in) -> (E, B, out). With `layer_norm`,
+    each hidden layer is Linear → LayerNorm → activation."""
 
     def __init__(
         self,
@@ -103,13 +137,19 @@ class EnsembleMLP(nn.Module):
         hidden_sizes: tuple[int, ...],
         out_dim: int,
         activation: type[nn.Module] = nn.ReLU,
+        layer_norm: bool = False,
     ):
         super().__init__()
         sizes = (in_dim, *hidden_sizes, out_dim)
         self.layers = nn.ModuleList(EnsembleLinear(num_members, a, b) for a, b in zip(sizes[:-1], sizes[1:]))
+        self.norms = nn.ModuleList(EnsembleLayerNorm(num_members, size) for size in hidden_sizes) if layer_norm \
+            else None
         self.activation = activation()
 
-    def forward(self, x: torch.Tensor, members: slice = slice(None)) -> torch.Tensor:
-        for layer in self.layers[:-1]:
-            x = self.activation(layer(x, members))
+    def forward(self, x: torch.Tensor, members: Members = slice(None)) -> torch.Tensor:
+        for i, layer in enumerate(self.layers[:-1]):
+            x = layer(x, members)
+            if self.norms is not None:
+                x = self.norms[i](x, members)
+            x = self.activation(x)
         return self.layers[-1](x, members)
