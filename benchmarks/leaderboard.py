@@ -39,6 +39,13 @@ Grid files (TOML) — see benchmarks/grids/online-small.toml:
     module = "sac"                   # keelrl.agents.<module> (default: name)
     options = { preset = "simba" }   # flags of this entry (agent options win over task options)
     tasks = ["Hopper-v5"]            # only these of the grid's tasks (default: all)
+    steps = 100000                   # this entry's budget (default: the task's)
+
+An entry may start from another entry's finished runs (offline-to-online fine-tuning, see
+benchmarks/grids/cpu-evidence-wsrl.toml): `pretrained = "cql-wsrl"` gives each of its cells the run directory of
+that entry's cell with the same task and seed as --pretrained, and runs it once that cell is done (cells run in
+waves: those with nothing to wait for, then those whose runs to start from have finished); `task_flag = ""`
+passes no task flag (the run it starts from names the task).
 """
 
 from __future__ import annotations
@@ -90,6 +97,11 @@ class AgentEntry:
     steps_flag: str
     tasks: tuple[str, ...] | None = None
     """the task ids this entry runs (None: every task of the grid)"""
+    steps: int | None = None
+    """this entry's budget (None: the task's)"""
+    pretrained: str | None = None
+    """the entry whose finished cell of the same task and seed this entry's cell fine-tunes (its run directory
+    is passed as --pretrained; the cell waits until that one is done)"""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -154,8 +166,26 @@ def grid_from_dict(spec: dict[str, Any], default_name: str) -> Grid:
     labels = [agent.name for agent in agents]
     if len(set(labels)) != len(labels):
         raise ValueError(f"grid {name}: agent names must differ (got {labels}); give option sets their own name.")
+    for agent in agents:
+        _check_pretrained(name, agent, {entry.name: entry for entry in agents}, task_ids)
     return Grid(name, family, seeds, tasks, agents, _options(f"grid {name}", spec.get("options", {})),
                 spec.get("description", ""))
+
+
+def _check_pretrained(grid: str, agent: AgentEntry, entries: dict[str, AgentEntry], task_ids: set[str]) -> None:
+    """An entry's `pretrained` must name another entry of the grid that starts from nothing and runs its tasks."""
+    if agent.pretrained is None:
+        return
+    source = entries.get(agent.pretrained)
+    where = f"grid {grid}, agent {agent.name}: pretrained = {agent.pretrained!r}"
+    if source is None or source is agent:
+        raise ValueError(f"{where} names no other agent entry of the grid ({sorted(entries)}).")
+    if source.pretrained is not None:
+        raise ValueError(f"{where} fine-tunes runs of its own ({source.pretrained!r}): start from an entry that does "
+                         f"not.")
+    missing = set(agent.tasks or task_ids) - set(source.tasks or task_ids)
+    if missing:
+        raise ValueError(f"{where} does not run the tasks {sorted(missing)}.")
 
 
 def _task(grid: str, task: Any, default_steps: int | None) -> TaskEntry:
@@ -170,11 +200,19 @@ def _task(grid: str, task: Any, default_steps: int | None) -> TaskEntry:
 
 def _agent(grid: str, agent: Any, task_flag: str, steps_flag: str) -> AgentEntry:
     agent = {"name": agent} if isinstance(agent, str) else agent
-    _check_keys(f"grid {grid}, agent", agent, {"name", "module", "options", "task_flag", "steps_flag", "tasks"})
+    _check_keys(f"grid {grid}, agent", agent, {"name", "module", "options", "task_flag", "steps_flag", "tasks",
+                                               "steps", "pretrained"})
     where = f"grid {grid}, agent {agent['name']}"
     tasks = tuple(agent["tasks"]) if "tasks" in agent else None
-    return AgentEntry(agent["name"], agent.get("module", agent["name"]), _options(where, agent.get("options", {})),
-                      _flag(agent.get("task_flag", task_flag)), _flag(agent.get("steps_flag", steps_flag)), tasks)
+    steps = agent.get("steps")
+    if steps is not None and (not isinstance(steps, int) or steps < 1):
+        raise ValueError(f"{where}: give a positive step budget (steps = ...), got {steps!r}.")
+    options = _options(where, agent.get("options", {}))
+    if "pretrained" in agent and "pretrained" in options:
+        raise ValueError(f"{where}: the leaderboard sets --pretrained from `pretrained`; remove it from options.")
+    return AgentEntry(agent["name"], agent.get("module", agent["name"]), options,
+                      _flag(agent.get("task_flag", task_flag)), _flag(agent.get("steps_flag", steps_flag)), tasks,
+                      steps, agent.get("pretrained"))
 
 
 def load_grid(name_or_path: str) -> Grid:
@@ -214,13 +252,25 @@ class Cell:
     task: TaskEntry
     seed: int
     cell_dir: Path
+    pretrained: Cell | None = None
+    """the cell whose finished run this one fine-tunes (the entry's `pretrained`)"""
+
+    @property
+    def steps(self) -> int:
+        return self.agent.steps or self.task.steps
 
     @property
     def args(self) -> list[str]:
-        """The agent's flags for a new run, but --runs-dir (also what cell.json records to spot a changed grid)."""
-        options = {**self.grid.options, **self.task.options, **self.agent.options,
-                   self.agent.task_flag: self.task.id, self.agent.steps_flag: self.task.steps}
+        """The agent's flags for a new run, but --runs-dir and --pretrained (also what cell.json records to spot a
+        changed grid)."""
+        task = {self.agent.task_flag: self.task.id} if self.agent.task_flag else {}
+        options = {**self.grid.options, **self.task.options, **self.agent.options, **task,
+                   self.agent.steps_flag: self.steps}
         return ["--seed", str(self.seed), *to_flags(options)]
+
+    def waiting(self) -> bool:
+        """Whether this cell must wait for the run it fine-tunes (not finished yet)."""
+        return self.pretrained is not None and self.state()[0] == "new" and self.pretrained.state()[0] != "done"
 
     def run_dirs(self) -> list[Path]:
         if not self.cell_dir.is_dir():
@@ -246,7 +296,8 @@ class Cell:
         watch = ["--quiet", *(["--track", "--wandb-group", self.grid.name] if track else [])]
         if state == "resume":
             return [*module, "--resume", str(run_dir.resolve()), *watch]
-        return [*module, *self.args, "--runs-dir", str(self.cell_dir.resolve()), *watch]
+        pretrained = [] if self.pretrained is None else ["--pretrained", str(self.pretrained.state()[1].resolve())]
+        return [*module, *self.args, *pretrained, "--runs-dir", str(self.cell_dir.resolve()), *watch]
 
     def record(self) -> dict[str, Any]:
         path = self.cell_dir / CELL_FILE
@@ -290,7 +341,7 @@ class Cell:
             failed = bool(attempts) and attempts[-1]["returncode"] != 0
             status = "done" if state == "done" else "failed" if failed else "unfinished"
         result = RunResult(self.grid.family, self.agent.name, self.agent.module, self.task.id, self.seed,
-                           self.task.steps, status, options=" ".join(self.args))
+                           self.steps, status, options=" ".join(self.args))
         if run_dir is not None:
             read_run_figures(result, run_dir)
             result.wall_s = self.wall_seconds()
@@ -307,22 +358,29 @@ class Cell:
         if row is None:
             return None
         asked = " ".join(self.args)
-        if row.budget != self.task.steps or row.options not in ("", asked):
+        if row.budget != self.steps or row.options not in ("", asked):
             raise ValueError(
                 f"The committed tables hold {self.agent.name} {self.task.id} seed {self.seed} made with other "
                 f"options (budget {row.budget}, {row.options or 'options not recorded'}); the grid now asks for "
-                f"budget {self.task.steps}, {asked}. Run without --from-committed, or give another --name."
+                f"budget {self.steps}, {asked}. Run without --from-committed, or give another --name."
             )
         return row
 
 
 def expand(grid: Grid, runs_dir: Path) -> list[Cell]:
-    """Every cell of the grid, task by task, agent by agent (those that run the task), seed by seed."""
-    return [
-        Cell(grid, agent, task, seed, runs_dir / grid.name / agent.name / task.id.replace("/", "_") / f"seed{seed}")
-        for task in grid.tasks for agent in grid.agents for seed in grid.seeds
-        if agent.tasks is None or task.id in agent.tasks
-    ]
+    """Every cell of the grid, task by task, agent by agent (those that run the task), seed by seed; a fine-tuning
+    cell knows the cell it starts from."""
+    cells: dict[tuple[str, str, int], Cell] = {}
+    for task in grid.tasks:
+        for agent in (a for a in grid.agents if a.tasks is None or task.id in a.tasks):
+            for seed in grid.seeds:
+                cell_dir = runs_dir / grid.name / agent.name / task.id.replace("/", "_") / f"seed{seed}"
+                cells[agent.name, task.id, seed] = Cell(grid, agent, task, seed, cell_dir)
+    for (name, task_id, seed), cell in cells.items():
+        if cell.agent.pretrained is not None:
+            source = cells[cell.agent.pretrained, task_id, seed]
+            cells[name, task_id, seed] = dataclasses.replace(cell, pretrained=source)
+    return list(cells.values())
 
 
 def agent_fields(module_name: str) -> tuple[set[str] | None, str]:
@@ -447,18 +505,20 @@ def run_grids(
     for cell in runnable:
         cell.check_unchanged()
     taken = {cell.cell_dir: row for cell in runnable if (row := cell.committed_result(committed))}
-    jobs = [(cell, cell.state()[0], cell.command(track)) for cell in runnable
-            if cell.state()[0] != "done" and cell.cell_dir not in taken]
-    done = len(runnable) - len(jobs) - len(taken)
-    resumes = sum(mode == "resume" for _, mode, _ in jobs)
-    log(f"{len(cells)} cells: {done} finished (skipped), {resumes} to resume, {len(jobs) - resumes} to start, "
-        f"{len(cells) - len(runnable)} unavailable" + (f", {len(taken)} taken from the committed tables" if taken else "")
-        + f"; runs under {runs_dir}")
+    pending = [cell for cell in runnable if cell.state()[0] != "done" and cell.cell_dir not in taken]
+    done = len(runnable) - len(pending) - len(taken)
+    resumes = sum(cell.state()[0] == "resume" for cell in pending)
+    waiting = sum(cell.waiting() for cell in pending)
+    log(f"{len(cells)} cells: {done} finished (skipped), {resumes} to resume, {len(pending) - resumes} to start"
+        + (f" ({waiting} once the runs they fine-tune finish)" if waiting else "")
+        + f", {len(cells) - len(runnable)} unavailable"
+        + (f", {len(taken)} taken from the committed tables" if taken else "") + f"; runs under {runs_dir}")
     if dry_run:
-        for cell, mode, command in jobs:
-            log(f"{mode}: python {' '.join(command)}")
+        for cell in pending:
+            log(f"waits for {cell.pretrained.agent.name} {cell.task.id} seed {cell.seed}: {cell.agent.name}"
+                if cell.waiting() else f"{cell.state()[0]}: python {' '.join(cell.command(track))}")
         return _results(cells, unavailable, taken)
-    finished = 0
+    finished, total = 0, len(pending)
 
     def on_done(job: Job, outcome: dict[str, Any]) -> None:
         nonlocal finished
@@ -469,16 +529,22 @@ def run_grids(
                   else f"stopped by {signal_name(outcome['returncode'] - 128)} with a checkpoint (the same command "
                        f"resumes it)" if outcome["returncode"] in STOPPED_CODES
                   else f"FAILED (exit {outcome['returncode']}, see {cell.cell_dir / LOG_FILE})")
-        log(f"[{finished}/{len(jobs)}] {cell.agent.name} {cell.task.id} seed {cell.seed}: {status}, "
+        log(f"[{finished}/{total}] {cell.agent.name} {cell.task.id} seed {cell.seed}: {status}, "
             f"{outcome['wall_s'] / 60:.1f} min")
 
-    for cell, _, _ in jobs:
-        cell.prepare()
-    if jobs:
+    # in waves: the cells with nothing to wait for, then those whose runs to fine-tune finished meanwhile
+    while wave := [cell for cell in pending if not cell.waiting()]:
+        jobs = [(cell, cell.state()[0], cell.command(track)) for cell in wave]
+        for cell in wave:
+            cell.prepare()
         if ray_address:
             _run_on_ray(jobs, ray_address, workers, on_done)
         else:
             _run_locally(jobs, workers, on_done)
+        pending = [cell for cell in pending if cell not in wave]
+    for cell in pending:
+        log(f"not run: {cell.agent.name} {cell.task.id} seed {cell.seed}, as {cell.pretrained.agent.name} seed "
+            f"{cell.seed} did not finish")
     return _results(cells, unavailable, taken)
 
 

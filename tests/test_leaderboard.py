@@ -15,6 +15,7 @@ import pytest
 
 from keelrl.benchmarks import leaderboard
 from keelrl.benchmarks.aggregate import RunResult, iqm, iqm_by_agent, read_run_figures, stratified_bootstrap_ci
+from keelrl.benchmarks.make_datasets import collect
 from keelrl.benchmarks.reference_scores import (NO_RANGE_REASONS, normalized_score, published_for, score_range,
                                                task_key)
 from keelrl.benchmarks.report import write_markdown, write_report
@@ -244,6 +245,51 @@ def test_grid_files_are_checked(tmp_path):
     assert leaderboard.expand(grid, tmp_path)[0].args == [
         "--seed", "1", "--normalize-obs", "--hidden-sizes", "8", "8", "--eval-freq", "50", "--env-id", TASK,
         "--total-timesteps", "200"]
+
+
+def test_a_fine_tuning_entry_waits_for_and_starts_from_the_run_of_its_seed(tmp_path):
+    """`pretrained`: the WSRL cells run after the CQL cell of their seed, in a second wave, each given that run's
+    directory; cell.json records their options without it; a second invocation runs nothing."""
+    rng = np.random.default_rng(0)
+    data = collect(TASK, lambda obs: rng.uniform(-3, 3, (len(obs), 1)), 300, 2, seed=0)
+    np.savez(tmp_path / "pendulum.npz", **data)
+    spec = {"name": "o2o", "family": "offline", "seeds": [1, 2], "steps": 20, "task_flag": "dataset",
+            "steps_flag": "total-updates", "options": {"eval-freq": 0, "eval-episodes": 1},
+            "tasks": [str(tmp_path / "pendulum.npz")],
+            "agents": [{"name": "cql-tiny", "module": "cql", "options": {"env-id": TASK, "hidden-sizes": [8, 8],
+                                                                        "batch-size": 16}},
+                       {"name": "wsrl-tiny", "module": "wsrl", "pretrained": "cql-tiny", "task_flag": "",
+                        "steps_flag": "total-timesteps", "steps": 40,
+                        "options": {"warmup-steps": 20, "batch-size": 16, "utd": 2, "buffer-size": 100}}]}
+    grid = leaderboard.grid_from_dict(spec, "o2o")
+    messages = []
+    leaderboard.run_grids([grid], tmp_path / "runs", dry_run=True, log=messages.append)
+    assert "0 to resume, 4 to start (2 once the runs they fine-tune finish)" in messages[0]
+    assert messages[-1].startswith("waits for cql-tiny") and messages[-1].endswith("seed 2: wsrl-tiny")
+    results = leaderboard.run_grids([grid], tmp_path / "runs", workers=2, log=messages.append)
+    assert [(r.label, r.seed, r.status, r.budget) for r in results] == [
+        ("cql-tiny", 1, "done", 20), ("cql-tiny", 2, "done", 20), ("wsrl-tiny", 1, "done", 40),
+        ("wsrl-tiny", 2, "done", 40)]
+    cells = leaderboard.expand(grid, tmp_path / "runs")
+    cql_ends = [attempt["start_time"] + attempt["wall_s"] for cell in cells[:2]
+                for attempt in cell.record()["attempts"]]
+    for cql_cell, wsrl_cell, cql_result, wsrl_result in zip(cells[:2], cells[2:], results[:2], results[2:]):
+        assert wsrl_cell.pretrained == cql_cell
+        assert wsrl_cell.record()["attempts"][0]["start_time"] >= max(cql_ends)  # the second wave
+        assert "--pretrained" not in wsrl_cell.record()["args"] and "--dataset" not in wsrl_cell.record()["args"]
+        config = json.loads((Path(wsrl_result.run_dir) / "config.json").read_text())["config"]
+        assert Path(config["pretrained"]) == Path(cql_result.run_dir).resolve() and config["seed"] == cql_cell.seed
+    messages.clear()
+    leaderboard.run_grids([grid], tmp_path / "runs", log=messages.append)
+    assert "4 cells: 4 finished (skipped), 0 to resume, 0 to start" in messages[0]
+    for entry, match in [({"pretrained": "nobody"}, "names no other agent entry"),
+                         ({"pretrained": "wsrl-tiny"}, "names no other agent entry")]:
+        bad = {**spec, "agents": [spec["agents"][0], {**spec["agents"][1], **entry}]}
+        with pytest.raises(ValueError, match=match):
+            leaderboard.grid_from_dict(bad, "bad")
+    chained = {**spec, "agents": [*spec["agents"], {"name": "again", "module": "wsrl", "pretrained": "wsrl-tiny"}]}
+    with pytest.raises(ValueError, match="fine-tunes runs of its own"):
+        leaderboard.grid_from_dict(chained, "bad")
 
 
 def test_every_preset_grid_loads_and_names_only_options_its_agents_have(tmp_path):

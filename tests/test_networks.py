@@ -35,6 +35,31 @@ def test_ensemble_members_equal_separate_mlps():
     assert not torch.allclose(out[0], out[1])  # members are initialised independently
 
 
+def test_layer_norm_ensemble_members_equal_separate_layer_norm_mlps():
+    """--layer-norm: each member is Linear → LayerNorm (its own scale and bias) → ReLU per hidden layer, as
+    mlp(layer_norm=True); member subsets given as index tensors (repeats allowed) pick those members."""
+    torch.manual_seed(0)
+    ensemble = EnsembleMLP(3, 5, (16, 8), 2, layer_norm=True)
+    with torch.no_grad():
+        for norm in ensemble.norms:
+            norm.weight.normal_(1.0, 0.5)
+            norm.bias.normal_(0.0, 0.5)
+    x = torch.randn(7, 5)
+    out = ensemble(x)
+    for k in range(3):
+        single = mlp(5, (16, 8), 2, layer_norm=True)
+        linears = [m for m in single if isinstance(m, nn.Linear)]
+        norms = [m for m in single if isinstance(m, nn.LayerNorm)]
+        for linear, layer in zip(linears, ensemble.layers):
+            linear.weight.data = layer.weight.data[k].T.clone()
+            linear.bias.data = layer.bias.data[k, 0].clone()
+        for norm, ensemble_norm in zip(norms, ensemble.norms):
+            norm.weight.data = ensemble_norm.weight.data[k, 0].clone()
+            norm.bias.data = ensemble_norm.bias.data[k, 0].clone()
+        torch.testing.assert_close(single(x), out[k])
+    torch.testing.assert_close(ensemble(x, torch.tensor([2, 0, 2])), out[[2, 0, 2]])
+
+
 def member_by_hand(layers, k: int, x: torch.Tensor) -> torch.Tensor:
     """Member k of an EnsembleMLP from its definition, in float64: x W_k + b_k per layer, ReLU between."""
     h = x.double()
