@@ -111,6 +111,10 @@ def read_run_figures(result: RunResult, run_dir: Path) -> RunResult:
         result.score = float(last[own_column])
     elif result.family == "offline":  # offline agents normalise with their dataset's own reference returns
         result.score = last_scalar(run_dir, OFFLINE_SCORE_TAG)
+    elif result.family == "offline-to-online":  # so do the runs from a dataset; SAC from scratch takes the env's
+        result.score = last_scalar(run_dir, OFFLINE_SCORE_TAG)
+        if np.isnan(result.score):
+            result.score = normalized_score(result.task, result.final_return)
     else:
         result.score = normalized_score(result.task, result.final_return)
     return result

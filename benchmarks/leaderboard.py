@@ -78,7 +78,7 @@ except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib
 
 GRIDS_DIR = Path(__file__).parent / "grids"
-FAMILIES = ("online", "offline", "safe", "streaming", "rlvr")
+FAMILIES = ("online", "offline", "offline-to-online", "safe", "streaming", "rlvr")
 CELL_FILE = "cell.json"
 LOG_FILE = "log.txt"
 MODEL_FILE = "model.pt"

@@ -29,7 +29,9 @@ from keelrl.benchmarks.aggregate import (
 from keelrl.benchmarks.reference_scores import PublishedScore, no_range_reason, published_for, score_range, score_source
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-BUDGET_UNITS = {"offline": "gradient updates", "rlvr": "iterations"}  # other families: environment steps
+BUDGET_UNITS = {"offline": "gradient updates", "rlvr": "iterations",
+                "offline-to-online": "gradient updates (offline pre-training) or environment steps (fine-tuning)"}
+# other families: environment steps
 RETURN_NAMES = {"rlvr": "final held-out greedy reward"}  # other families: the evaluation return
 
 
@@ -171,7 +173,11 @@ def family_table(family: str, cells: list[CellSummary], iqms: list[AgentIQM], re
         lines += ["", "Normalised score: the offline agent's own (D4RL formula with its dataset's reference returns, "
                   "logged as eval/normalized_score). keelrl's datasets are made here with the D4RL recipe, not the "
                   "D4RL v2 files: published D4RL scores are on other data."]
-    elif ranges:
+    elif family == "offline-to-online":
+        lines += ["", "Normalised score: a run that logs its own (pre-training and fine-tuning: the D4RL formula with "
+                  "the dataset's reference returns, eval/normalized_score) is taken at its word; a run from scratch "
+                  "in the dataset's environment is scored by the environment's range."]
+    if ranges and family != "offline":
         lines += ["", "Normalised score = 100 · (return − low) / (high − low); "
                   + "; ".join(f"{r.task}: low {r.low:g}, high {r.high:g} ({r.source})" for r in sorted(ranges, key=str))
                   + ". An agent that reports its own normalised score in eval.csv is taken at its word in the table "

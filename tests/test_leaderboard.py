@@ -15,6 +15,7 @@ import pytest
 
 from keelrl.benchmarks import leaderboard
 from keelrl.benchmarks.aggregate import RunResult, iqm, iqm_by_agent, read_run_figures, stratified_bootstrap_ci
+from keelrl.benchmarks.checks import offline_to_online
 from keelrl.benchmarks.make_datasets import collect
 from keelrl.benchmarks.reference_scores import (NO_RANGE_REASONS, normalized_score, published_for, score_range,
                                                task_key)
@@ -253,7 +254,7 @@ def test_a_fine_tuning_entry_waits_for_and_starts_from_the_run_of_its_seed(tmp_p
     rng = np.random.default_rng(0)
     data = collect(TASK, lambda obs: rng.uniform(-3, 3, (len(obs), 1)), 300, 2, seed=0)
     np.savez(tmp_path / "pendulum.npz", **data)
-    spec = {"name": "o2o", "family": "offline", "seeds": [1, 2], "steps": 20, "task_flag": "dataset",
+    spec = {"name": "o2o", "family": "offline-to-online", "seeds": [1, 2], "steps": 20, "task_flag": "dataset",
             "steps_flag": "total-updates", "options": {"eval-freq": 0, "eval-episodes": 1},
             "tasks": [str(tmp_path / "pendulum.npz")],
             "agents": [{"name": "cql-tiny", "module": "cql", "options": {"env-id": TASK, "hidden-sizes": [8, 8],
@@ -282,6 +283,18 @@ def test_a_fine_tuning_entry_waits_for_and_starts_from_the_run_of_its_seed(tmp_p
     messages.clear()
     leaderboard.run_grids([grid], tmp_path / "runs", log=messages.append)
     assert "4 cells: 4 finished (skipped), 0 to resume, 0 to start" in messages[0]
+    # the results page's summary: the pre-training's last evaluations, the online runs' early and last ones
+    lines = offline_to_online.summary(grid, tmp_path / "runs", early=20, bin_steps=10, curves_png=tmp_path / "o2o.png")
+    cql_last = [eval_rows(r.run_dir)[-1] for r in results[:2]]
+    assert lines[2:4] == [f"- seed {seed}: {float(row['mean_return']):.1f} at update 20"
+                          for seed, row in zip((1, 2), cql_last)]
+    wsrl_evals = [[float(row["mean_return"]) for row in eval_rows(r.run_dir)] for r in results[2:]]
+    assert [len(evals) for evals in wsrl_evals] == [2, 2]  # the pre-trained policy at step 0, then the last
+    (row,) = [line for line in lines if line.startswith("| wsrl-tiny |")]
+    first, last = np.array([e[0] for e in wsrl_evals]), np.array([e[-1] for e in wsrl_evals])
+    assert row == (f"| wsrl-tiny | 2 | {first.mean():.1f} ± {first.std():.1f} | {first.mean():.1f} ± "
+                   f"{first.std():.1f} | – | {last.mean():.1f} ± {last.std():.1f} | 40 |")
+    assert (tmp_path / "o2o.png").stat().st_size > 10_000
     for entry, match in [({"pretrained": "nobody"}, "names no other agent entry"),
                          ({"pretrained": "wsrl-tiny"}, "names no other agent entry")]:
         bad = {**spec, "agents": [spec["agents"][0], {**spec["agents"][1], **entry}]}
