@@ -137,7 +137,8 @@ def summary(grid: Grid, runs_dir: Path, early: int, bin_steps: int, curves_png: 
     cells = expand(grid, runs_dir)
     sources = {cell.pretrained.agent.name for cell in cells if cell.pretrained is not None}
     refs: tuple[float, float] | None = None
-    lines = [f"Pre-training ({', '.join(sorted(sources))}): last evaluation of each seed, return (normalised score)", ""]
+    lines = [f"Pre-training ({', '.join(sorted(sources))}): last evaluation of each seed, return (normalised score)",
+             ""]
     for cell in (c for c in cells if c.agent.name in sources):
         curves = read_curves(cell)
         if curves is None:
