@@ -13,6 +13,9 @@ The algorithm, top to bottom (SAC on a fixed dataset, with a conservative critic
   importance sampling) corrected by its log-density; with `--cal-ql` (Cal-QL) the policy actions' Q-values in
   that soft maximum are first raised to the dataset's Monte-Carlo return-to-go of the transition where below it;
 - target critics follow by Polyak averaging with rate τ;
+- as WSRL pre-trains (`--preset wsrl`): N critics whose targets take the minimum over a random subset of M
+  (REDQ; only another such subset gets the conservative penalty), LayerNorm in actor and critics, and the target
+  taken at the best of `cql_n_actions` next actions (max target backup);
 - the loop: load the dataset (corrupted if asked), fit the observation statistics to it, then update on
   uniform batches, evaluating the deterministic policy in the dataset's environment (return and D4RL score).
 All three losses are computed from the networks (and α) as they are before the update, then α, the

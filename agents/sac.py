@@ -7,7 +7,8 @@ The algorithm, top to bottom:
 - twin Q critics (one batched ensemble) regress onto r + γ(1 − terminated)(min Q_target(s', a') − α log π(a'|s'));
 - every `policy_frequency` critic updates, the tanh-Gaussian actor takes `policy_frequency` steps
   on α log π(a|s) − min Q(s, a), and α is tuned so the policy entropy tracks −|A|;
-- target critics follow by Polyak averaging with rate τ;
+- target critics follow by Polyak averaging with rate τ (with --critic-subset-size M, the target's minimum is over M
+  critics drawn at random at each update: REDQ-style ensembles of --num-critics);
 - the loop: uniform random actions for `learning_starts` steps, then the policy's; every environment
   step is stored in the replay buffer and followed by `utd` updates per environment.
 The networks come from keelrl.networks (NetworkOptions: MLP, SimBa or SimbaV2; scalar, C51 or HL-Gauss
