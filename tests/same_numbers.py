@@ -77,6 +77,7 @@ def run(case: str, runs_dir: Path, seed: int = 1) -> Path:
         stream_td,
         td3,
         td3_lag,
+        wsrl,
     )
 
     common = dict(runs_dir=str(runs_dir), seed=seed)
@@ -95,6 +96,12 @@ def run(case: str, runs_dir: Path, seed: int = 1) -> Path:
         "td3_lag": lambda: td3_lag.train(td3_lag.TD3LagConfig(**SAFE, **common)),
         "cql": lambda: cql.train(cql.CQLConfig(**OFFLINE, cql_n_actions=4, **data)),
         "iql": lambda: iql.train(iql.IQLConfig(**OFFLINE, **data)),
+        "wsrl": lambda: wsrl.train(wsrl.WSRLConfig(
+            pretrained=str(cql.train(cql.CQLConfig(
+                **OFFLINE, cql_n_actions=4, num_critics=4, critic_subset_size=2, layer_norm=True, max_target_backup=True,
+                **data)).run_dir),
+            total_timesteps=300, warmup_steps=100, batch_size=32, utd=4, buffer_size=1000, eval_freq=150,
+            eval_episodes=2, checkpoint_freq=150, log_freq=50, threads=1, quiet=True, **common)),
         "riql": lambda: riql.train(riql.RIQLConfig(**OFFLINE, corruption="dynamics", corruption_rate=0.3, **data)),
         "ppo": lambda: ppo.train(ppo.PPOConfig(**ON_POLICY, **common)),
         "ppo_lag": lambda: ppo_lag.train(ppo_lag.PPOLagConfig(
@@ -108,13 +115,13 @@ def run(case: str, runs_dir: Path, seed: int = 1) -> Path:
             warmup_steps=5, warmup_batch_size=16, eval_freq=2, eval_episodes=8, eval_samples=4, pass_k=2,
             checkpoint_freq=2, threads=1, quiet=True, **common)),
     }
-    if case in ("cql", "iql", "riql"):
+    if case in ("cql", "iql", "riql", "wsrl"):
         offline_dataset(runs_dir)
     return configs[case]().run_dir
 
 
-CASES = ("sac", "sac_simbav2_hlgauss", "td3", "td3_simba_c51", "sac_lag", "td3_lag", "cql", "iql", "riql", "ppo",
-         "ppo_lag", "stream_td", "stream_q", "stream_ac", "grpo")
+CASES = ("sac", "sac_simbav2_hlgauss", "td3", "td3_simba_c51", "sac_lag", "td3_lag", "cql", "iql", "riql", "wsrl",
+         "ppo", "ppo_lag", "stream_td", "stream_q", "stream_ac", "grpo")
 
 
 def write_weight_digest(run_dir: Path) -> None:
