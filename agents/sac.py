@@ -52,13 +52,13 @@ from keelrl.networks import (
     loss_function,
     make_optimizer,
     optimizer_step,
-    random_members,
     scale_learning_rates,
     soft_update,
     td_target,
     validate_network_options,
 )
 from keelrl.networks.builders import MUJOCO_DISCOUNT, with_default_support
+from keelrl.networks.seeds import GlobalRandom, SeedMapped
 
 ALGO = "sac"
 __all__ = ["SAC", "SACConfig", "train", "evaluate"]
@@ -224,10 +224,13 @@ class SAC(SavedAgent):
             self.optimizers["alpha"] = make_optimizer([self.log_alpha], config.optimizer, config.q_lr)
         self.num_updates = 0
         self.total_updates = max(1, (config.total_timesteps - config.learning_starts) * config.utd)
+        # one seed; networks/seeds.stack_seeds makes several, every tensor with a leading seed axis (S, ...)
+        self.num_seeds, self.random = 1, GlobalRandom(config.device)
         self._critic_loss = loss_function(self.critic_loss, config.precision, config.device, config.compile,
-                                          config.cudagraphs)
+                                          config.cudagraphs, seeds_of=self)
         self._actor_loss = loss_function(self.actor_loss, config.precision, config.device, config.compile,
-                                         config.cudagraphs)
+                                         config.cudagraphs, seeds_of=self)
+        self._act = SeedMapped(self.actor.act, self)
 
     @property
     def alpha(self) -> torch.Tensor:
@@ -235,9 +238,11 @@ class SAC(SavedAgent):
 
     @torch.inference_mode()
     def act(self, obs: np.ndarray, deterministic: bool = False) -> np.ndarray:
-        """Actions for a batch of raw observations (B, obs_dim) -> (B, action_dim): sampled, or tanh of the mean."""
+        """Actions for a batch of raw observations (B, obs_dim) -> (B, action_dim): sampled, or tanh of the mean
+        (a seed group: (S, B, obs_dim) -> (S, B, action_dim))."""
         obs_t = self.obs_norm(torch.as_tensor(obs, dtype=torch.float32, device=self.action_low.device))
-        return self.actor.act(obs_t, deterministic).cpu().numpy()
+        noise = None if deterministic else self.random.normal(*obs.shape[-2:-1], self.action_low.shape[-1])
+        return self._act(obs_t, deterministic, noise).cpu().numpy()
 
     def update(self, batch: Batch) -> dict[str, torch.Tensor]:
         """Normalise the batch's observations and scale its rewards (when configured), decay the learning
@@ -262,12 +267,13 @@ class SAC(SavedAgent):
             soft_update(self.polyak_target, self.polyak_online, self.config.tau)
         return losses
 
-    def critic_loss(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
-        """The critics' summed loss against r + γ(1 − terminated)(min Q'(s', a') − α log π(a'|s')), a' ~ π(·|s'),
-        and their detached outputs (E, B, K)."""
+    def critic_loss(self, batch: Batch, noise: torch.Tensor, members: torch.Tensor | slice) -> tuple[torch.Tensor,
+                                                                                                      torch.Tensor]:
+        """The critics' summed loss against r + γ(1 − terminated)(min Q'(s', a') − α log π(a'|s')), a' ~ π(·|s')
+        drawn with `noise` (B, A), the minimum over the target critics `members` (all, or a random subset), and
+        their detached outputs (E, B, K)."""
         with torch.no_grad():
-            next_actions, next_log_prob = self.actor.sample(batch.next_obs)
-            members = random_members(self.config.num_critics, self.config.critic_subset_size, batch.rewards.device)
+            next_actions, next_log_prob = self.actor.sample(batch.next_obs, noise)
             next_outputs = self.critic_target(batch.next_obs, next_actions)[members]  # (E, B, K) -> (M, B, K)
             target = td_target(self.head, next_outputs, batch.rewards, batch.discounts, batch.terminated,
                                next_bonus=-self.alpha * next_log_prob)
@@ -276,26 +282,29 @@ class SAC(SavedAgent):
         per_sample = self.head.loss(outputs, target)
         return per_sample.mean(dim=1).sum(), outputs.detach()
 
-    def actor_loss(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """α log π(a|s) − min_i Q_i(s, a) with a ~ π(·|s), and the detached log π(a|s)."""
-        actions, log_prob = self.actor.sample(obs)
+    def actor_loss(self, obs: torch.Tensor, noise: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """α log π(a|s) − min_i Q_i(s, a) with a ~ π(·|s) drawn with `noise` (B, A), and the detached log π(a|s)."""
+        actions, log_prob = self.actor.sample(obs, noise)
         q_pi = self.head.value(self.critic(obs, actions)).min(dim=0).values  # (E, B) -> (B,)
         return (self.alpha * log_prob - q_pi).mean(), log_prob.detach()
 
     def update_critic(self, batch: Batch) -> dict[str, torch.Tensor]:
-        critic_loss, outputs = self._critic_loss(batch)
+        noise = self.random.normal(*batch.rewards.shape[-1:], self.action_low.shape[-1])
+        members = self.random.members(self.config.num_critics, self.config.critic_subset_size)
+        critic_loss, outputs = self._critic_loss(batch, noise, members)  # a seed group: (S,), (S, E, B, K)
         optimizer_step(self.optimizers["critic"], critic_loss, self.critic)
-        return {"losses/qf_loss": critic_loss.detach() / outputs.shape[0],
-                "losses/qf_values": self.head.value(outputs).mean()}
+        return {"losses/qf_loss": critic_loss.detach() / self.config.num_critics,
+                "losses/qf_values": self.head.value(outputs).flatten(-2).mean(-1)}
 
     def update_actor_and_alpha(self, obs: torch.Tensor) -> dict[str, torch.Tensor]:
+        noise = self.random.normal(*obs.shape[-2:-1], self.action_low.shape[-1])
         with frozen(self.critic):  # the actor loss needs gradients w.r.t. actions only
-            actor_loss, log_prob = self._actor_loss(obs)
+            actor_loss, log_prob = self._actor_loss(obs, noise)  # a seed group: (S,), (S, B)
         optimizer_step(self.optimizers["actor"], actor_loss, self.actor)
         losses = {"losses/actor_loss": actor_loss.detach(), "losses/alpha": self.alpha}
         if self.config.autotune:
-            # the log-probs of this actor step, detached, as SB3 does (CleanRL resamples them)
-            alpha_loss = -(self.log_alpha.exp() * (log_prob + self.target_entropy)).mean()
+            # the log-probs of this actor step, detached, as SB3 does (CleanRL resamples them); α per seed
+            alpha_loss = -(self.log_alpha.exp().unsqueeze(-1) * (log_prob + self.target_entropy)).mean(-1)
             optimizer_step(self.optimizers["alpha"], alpha_loss, self.log_alpha)
             losses["losses/alpha_loss"] = alpha_loss.detach()
         return losses

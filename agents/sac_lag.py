@@ -71,9 +71,10 @@ class SACLag(SAC):
         losses.update(self.cost.step(batch, lambda next_obs: self.actor.sample(next_obs)[0]))
         return {**losses, "losses/lagrange_multiplier": self.lagrange.value.clone()}
 
-    def actor_loss(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(α log π(a|s) − min Q_r(s, a) + λ Q_c(s, a)) / (1 + λ), a ~ π(·|s), and the detached log π(a|s)."""
-        actions, log_prob = self.actor.sample(obs)
+    def actor_loss(self, obs: torch.Tensor, noise: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(α log π(a|s) − min Q_r(s, a) + λ Q_c(s, a)) / (1 + λ), a ~ π(·|s) drawn with `noise`, and the detached
+        log π(a|s)."""
+        actions, log_prob = self.actor.sample(obs, noise)
         q_pi = self.head.value(self.critic(obs, actions)).min(dim=0).values  # (E, B) -> (B,)
         return lagrangian_actor_loss(self.alpha * log_prob - q_pi, self.cost(obs, actions),
                                      self.lagrange_multiplier), log_prob.detach()

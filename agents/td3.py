@@ -53,13 +53,13 @@ from keelrl.networks import (
     loss_function,
     make_optimizer,
     optimizer_step,
-    random_members,
     scale_learning_rates,
     soft_update,
     td_target,
     validate_network_options,
 )
 from keelrl.networks.builders import MUJOCO_DISCOUNT, with_default_support
+from keelrl.networks.seeds import GlobalRandom, SeedMapped
 
 ALGO = "td3"
 __all__ = ["TD3", "TD3Config", "train", "evaluate"]
@@ -197,21 +197,30 @@ class TD3(SavedAgent):
         }
         self.num_updates = 0
         self.total_updates = max(1, (config.total_timesteps - config.learning_starts) * config.utd)
+        # one seed; networks/seeds.stack_seeds makes several, every tensor with a leading seed axis (S, ...)
+        self.num_seeds, self.random = 1, GlobalRandom(config.device)
         self._critic_loss = loss_function(self.critic_loss, config.precision, config.device, config.compile,
-                                          config.cudagraphs)
+                                          config.cudagraphs, seeds_of=self)
         self._actor_loss = loss_function(self.actor_loss, config.precision, config.device, config.compile,
-                                         config.cudagraphs)
+                                         config.cudagraphs, seeds_of=self)
+        self._act = SeedMapped(self.noisy_actions, self)
 
     @torch.inference_mode()
     def act(self, obs: np.ndarray, deterministic: bool = False) -> np.ndarray:
         """Actions for a batch of raw observations (B, obs_dim) -> (B, action_dim): the actor's, plus Gaussian
         noise of std exploration_noise × action scale clipped to the action bounds unless deterministic."""
         obs_t = self.obs_norm(torch.as_tensor(obs, dtype=torch.float32, device=self.action_low.device))
-        actions = self.actor(obs_t)
-        if not deterministic:
-            noise = torch.randn_like(actions) * (self.actor.action_scale * self.config.exploration_noise)
-            actions = torch.clamp(actions + noise, self.action_low, self.action_high)
-        return actions.cpu().numpy()
+        noise = None if deterministic else self.random.normal(*obs.shape[-2:-1], self.action_low.shape[-1])
+        return self._act(obs_t, noise).cpu().numpy()  # a seed group: (S, B, obs_dim) -> (S, B, action_dim)
+
+    def noisy_actions(self, obs: torch.Tensor, noise: torch.Tensor | None) -> torch.Tensor:
+        """The actor's actions (B, A) for normalised observations, plus `noise` (a standard normal draw, None: no
+        noise) × exploration_noise × action scale, clipped to the action bounds."""
+        actions = self.actor(obs)
+        if noise is None:
+            return actions
+        noise = noise * (self.actor.action_scale * self.config.exploration_noise)
+        return torch.clamp(actions + noise, self.action_low, self.action_high)
 
     def update(self, batch: Batch) -> dict[str, torch.Tensor]:
         """Normalise the batch's observations and scale its rewards (when configured), decay the learning
@@ -235,19 +244,21 @@ class TD3(SavedAgent):
             soft_update(self.polyak_target, self.polyak_online, self.config.tau)
         return losses
 
-    def smoothed_target_actions(self, next_obs: torch.Tensor) -> torch.Tensor:
-        """The target actor's actions plus Gaussian noise clipped to ±noise_clip (target policy smoothing)."""
+    def smoothed_target_actions(self, next_obs: torch.Tensor, noise: torch.Tensor | None = None) -> torch.Tensor:
+        """The target actor's actions plus Gaussian noise clipped to ±noise_clip (target policy smoothing);
+        `noise`: the standard normal draw (B, A) (default: one from torch's generator)."""
         actions = self.actor_target(next_obs)
-        noise = torch.randn_like(actions) * self.config.policy_noise
+        noise = (torch.randn_like(actions) if noise is None else noise) * self.config.policy_noise
         noise = noise.clamp(-self.config.noise_clip, self.config.noise_clip) * self.actor.action_scale
         return torch.clamp(actions + noise, self.action_low, self.action_high)
 
-    def critic_loss(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
-        """The critics' summed loss against r + γ(1 − terminated) min Q'(s', ã'), ã' the smoothed target action,
-        and their detached outputs (E, B, K)."""
+    def critic_loss(self, batch: Batch, noise: torch.Tensor, members: torch.Tensor | slice) -> tuple[torch.Tensor,
+                                                                                                      torch.Tensor]:
+        """The critics' summed loss against r + γ(1 − terminated) min Q'(s', ã'), ã' the target action smoothed
+        with `noise` (B, A), the minimum over the target critics `members` (all, or a random subset), and their
+        detached outputs (E, B, K)."""
         with torch.no_grad():
-            next_actions = self.smoothed_target_actions(batch.next_obs)
-            members = random_members(self.config.num_critics, self.config.critic_subset_size, batch.rewards.device)
+            next_actions = self.smoothed_target_actions(batch.next_obs, noise)
             next_outputs = self.critic_target(batch.next_obs, next_actions)[members]  # (E, B, K) -> (M, B, K)
             target = td_target(self.head, next_outputs, batch.rewards, batch.discounts, batch.terminated)
         outputs = self.critic(batch.obs, batch.actions)  # (E, B, K)
@@ -268,10 +279,12 @@ class TD3(SavedAgent):
         return -self.first_critic_value(obs, self.actor(obs)).mean()
 
     def update_critic(self, batch: Batch) -> dict[str, torch.Tensor]:
-        critic_loss, outputs = self._critic_loss(batch)
+        noise = self.random.normal(*batch.rewards.shape[-1:], self.action_low.shape[-1])
+        members = self.random.members(self.config.num_critics, self.config.critic_subset_size)
+        critic_loss, outputs = self._critic_loss(batch, noise, members)  # a seed group: (S,), (S, E, B, K)
         optimizer_step(self.optimizers["critic"], critic_loss, self.critic)
-        return {"losses/qf_loss": critic_loss.detach() / outputs.shape[0],
-                "losses/qf_values": self.head.value(outputs).mean()}
+        return {"losses/qf_loss": critic_loss.detach() / self.config.num_critics,
+                "losses/qf_values": self.head.value(outputs).flatten(-2).mean(-1)}
 
     def update_actor(self, obs: torch.Tensor) -> dict[str, torch.Tensor]:
         with frozen(self.critic):  # the actor loss needs gradients w.r.t. actions only

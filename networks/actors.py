@@ -54,21 +54,22 @@ class TanhGaussianActor(_BoundedActor):
         log_std = self.log_std_min + 0.5 * (self.log_std_max - self.log_std_min) * (log_std + 1)
         return self.mean(features).float(), log_std
 
-    def sample(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """A reparameterised action and its log-probability (summed over action dims, shape (B,))."""
+    def sample(self, obs: torch.Tensor, noise: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """A reparameterised action and its log-probability (summed over action dims, shape (B,)); `noise`: the
+        standard normal draw (B, A) to use (default: one from torch's generator)."""
         mean, log_std = self(obs)
-        noise = torch.randn_like(mean)
+        noise = torch.randn_like(mean) if noise is None else noise
         squashed = torch.tanh(mean + log_std.exp() * noise)
         gaussian_log_prob = -0.5 * noise.pow(2) - log_std - _HALF_LOG_2PI
         # change of variables through tanh and the affine map; 1e-6 keeps the log finite at |a| = 1
         log_prob = gaussian_log_prob - torch.log(self.action_scale * (1 - squashed.pow(2)) + 1e-6)
         return squashed * self.action_scale + self.action_bias, log_prob.sum(-1)
 
-    def act(self, obs: torch.Tensor, deterministic: bool = False) -> torch.Tensor:
+    def act(self, obs: torch.Tensor, deterministic: bool = False, noise: torch.Tensor | None = None) -> torch.Tensor:
         if deterministic:
             mean, _ = self(obs)
             return torch.tanh(mean) * self.action_scale + self.action_bias
-        return self.sample(obs)[0]
+        return self.sample(obs, noise)[0]
 
 
 class DeterministicActor(_BoundedActor):

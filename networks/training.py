@@ -13,6 +13,8 @@ from typing import Literal
 import torch
 from torch import nn
 
+from keelrl.networks.seeds import SeedMapped
+
 
 def make_optimizer(params: list[nn.Parameter], kind: Literal["adam", "adamw"], lr: float,
                    weight_decay: float = 0.0, eps: float = 1e-8) -> torch.optim.Optimizer:
@@ -33,9 +35,10 @@ def scale_learning_rates(optimizers: list[torch.optim.Optimizer], factor: float)
 
 
 def optimizer_step(optimizer: torch.optim.Optimizer, loss: torch.Tensor, network: nn.Module) -> None:
-    """Backpropagate `loss` and step `optimizer`; a SimbaV2 network then re-projects its weights onto the sphere."""
+    """Backpropagate `loss` (a scalar, or one per seed) and step `optimizer`; a SimbaV2 network then re-projects its
+    weights onto the sphere."""
     optimizer.zero_grad(set_to_none=True)
-    loss.backward()
+    loss.sum().backward()  # a seed group's per-seed losses (S,): each seed's sum steps only its own weights
     optimizer.step()
     if hasattr(network, "project_weights"):
         network.project_weights()
@@ -48,17 +51,21 @@ def soft_update(target: list[torch.Tensor], online: list[torch.Tensor], tau: flo
 
 
 def loss_function(loss_fn: Callable, precision: str, device: str, compile: bool = False,
-                  cudagraphs: bool = False) -> Callable:
+                  cudagraphs: bool = False, seeds_of: nn.Module | None = None) -> Callable:
     """`loss_fn` as an update calls it: under `precision` in an autocast region of its own (`matmul_precision`),
     so each call casts the weights as they are at that moment and the backward pass and optimiser step that
     follow run outside autocast, and through torch.compile when asked (replayed as CUDA graphs with
     `cudagraphs`). Only loss computations are compiled (forward, and with it the backward graph); the
-    optimiser steps run eagerly. With fp32 and no compilation it is `loss_fn` itself."""
+    optimiser steps run eagerly. With fp32 and no compilation it is `loss_fn` itself. With `seeds_of` (the agent,
+    which may hold several seeds: networks/seeds.py), a seed group calls it once per seed in one batched pass."""
+    single = loss_fn
     if precision != "fp32":
-        loss_fn = _under_precision(loss_fn, precision, device)
-    if not (compile or cudagraphs):
-        return loss_fn
-    return torch.compile(loss_fn, mode="reduce-overhead" if cudagraphs else None)
+        single = _under_precision(single, precision, device)
+    if compile or cudagraphs:
+        single = torch.compile(single, mode="reduce-overhead" if cudagraphs else None)
+    if seeds_of is None:
+        return single
+    return SeedMapped(loss_fn, seeds_of, single, context=lambda: matmul_precision(precision, device))
 
 
 def _under_precision(loss_fn: Callable, precision: str, device: str) -> Callable:
