@@ -83,6 +83,9 @@ def validate_lagrange(config: LagrangeOptions, agent: str) -> None:
         raise ValueError(f"--cost-limit must be a non-negative number (the largest allowed episode cost; 0 allows "
                          f"no unsafe step), got {config.cost_limit}.")
     require_non_negative(config, "lambda_init", "lambda_lr", "pid_kp", "pid_ki", "pid_kd", "lambda_warmup")
+    if getattr(config, "num_seeds", 1) != 1:  # SAC's and TD3's option, inherited by their Lagrangian configs
+        raise ValueError(f"--num-seeds {config.num_seeds}: {agent} trains one seed per process; run the seeds as "
+                         f"separate processes (the leaderboard does).")
     require_cost_task(config.env_id, config.env_backend, agent)
 
 

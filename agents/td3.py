@@ -27,7 +27,8 @@ import torch
 from torch import nn
 
 from keelrl.agents.harness.checkpoints import SavedAgent
-from keelrl.agents.harness.loop import Run, TrainResult
+from keelrl.agents.harness.seeds import SeedRuns, validate_seed_group
+from keelrl.agents.harness.loop import TrainResult
 from keelrl.agents.harness.options import (
     RunOptions,
     apply_preset,
@@ -123,6 +124,9 @@ class TD3Config(NetworkOptions, RunOptions):
     """compile the loss computations with torch.compile (a C++ compiler is needed on CPU)"""
     cudagraphs: bool = False
     """with --device cuda: replay the compiled losses as CUDA graphs (torch.compile's "reduce-overhead" mode)"""
+    num_seeds: int = 1
+    """train seeds seed, seed+1, …, seed+num_seeds−1 in this one process as one batched network, each in a run
+    directory of its own as a run of that seed alone (--runs-dir may hold {seed}: each seed's is filled in)"""
 
 
 # The SimBa and SimbaV2 papers' networks, critics, optimisers and MuJoCo run settings on TD3's update rule (the
@@ -156,6 +160,7 @@ def validate(config: TD3Config) -> None:
         raise ValueError("--weight-decay must be non-negative and --final-lr-fraction in (0, 1].")
     if config.obs_clip is not None and not config.obs_clip > 0:
         raise ValueError(f"--obs-clip must be positive (or None for no clipping), got {config.obs_clip}.")
+    validate_seed_group(config, "TD3")
 
 
 def resolve(config: TD3Config) -> TD3Config:
@@ -300,22 +305,24 @@ def evaluate(agent: TD3, env_id: str, episodes: int = 10, seed: int = 0,
 
 
 def train(config: TD3Config) -> TrainResult:
-    """Collect, update, log, evaluate and checkpoint until `total_timesteps` environment steps."""
-    run = Run(resolve(config) if config.resume is None else config, ALGO, validate, total="total_timesteps")
+    """Collect, update, log, evaluate and checkpoint until `total_timesteps` environment steps (each seed of
+    --num-seeds in its own run directory; the first seed's result is returned)."""
+    run = SeedRuns(resolve(config) if config.resume is None else config, ALGO, validate, total="total_timesteps")
     config = run.config
-    # a resumed run starts fresh episodes: envs are reseeded from the step they resume at
-    env = make_vec_env(config.env_id, config.num_envs, config.seed + run.step, config.env_backend)
+    # one vector env per seed; a resumed run starts fresh episodes: envs are reseeded from the step they resume at
+    env = run.group(lambda seed: make_vec_env(config.env_id, config.num_envs, seed + run.step, config.env_backend))
     require_box_actions(env, "TD3")
     obs_dim = int(np.prod(env.single_observation_space.shape))
     low, high = env.single_action_space.low, env.single_action_space.high
-    agent = TD3(obs_dim, low, high, config).to(config.device)
-    buffer = ReplayBuffer(config.buffer_size, (obs_dim,), low.shape, config.num_envs, config.device, config.n_step,
-                          config.gamma, seed=config.seed)
-    action_rng = np.random.default_rng(config.seed)
-    eval_seed = config.seed + 10_000  # evaluation episode i is seeded eval_seed + i
-    run.start(config.env_id, agent, evaluate=lambda: evaluate(agent, config.env_id, config.eval_episodes, eval_seed),
-              numpy_rng=action_rng, replay=buffer,
-              video=gym_video(config.env_id, lambda obs: agent.act(obs, deterministic=True), eval_seed))
+    agent = run.agent(lambda: TD3(obs_dim, low, high, config)).to(config.device)  # a seed axis for several seeds
+    buffer = run.group(lambda seed: ReplayBuffer(config.buffer_size, (obs_dim,), low.shape, config.num_envs,
+                                                 config.device, config.n_step, config.gamma, seed=seed))
+    action_rng = run.numpy_rng()
+    # evaluation episode i is seeded seed + 10_000 + i
+    run.start(config.env_id, agent, numpy_rng=action_rng, replay=buffer,
+              evaluate=lambda agent, seed: evaluate(agent, config.env_id, config.eval_episodes, seed + 10_000),
+              video=lambda agent, seed: gym_video(config.env_id, lambda obs: agent.act(obs, deterministic=True),
+                                                  seed + 10_000))
     if run.resumed and agent.reward_scaler is not None:
         agent.reward_scaler.reset_returns()  # the return trace of the interrupted episodes
 
@@ -325,7 +332,7 @@ def train(config: TD3Config) -> TrainResult:
             if config.normalize_obs:
                 agent.obs_norm.update(torch.as_tensor(obs))
             if global_step < config.learning_starts:
-                actions = action_rng.uniform(low, high, (config.num_envs, *low.shape)).astype(np.float32)
+                actions = action_rng.uniform(low, high, (config.num_envs, *low.shape)).astype(np.float32)  # (S, N, A)
             else:
                 actions = agent.act(obs)
             next_obs, rewards, terminated, truncated, info = env.step(actions)

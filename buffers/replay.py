@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from typing import NamedTuple
 
 import torch
@@ -198,3 +199,30 @@ class ReplayBuffer:
     def load(self, path: str | os.PathLike) -> None:
         self.load_state_dict(torch.load(path, map_location="cpu", weights_only=True))
 
+
+
+class SeedReplay:
+    """The replay buffers of S seeds used as one (several seeds trained in one process): `add` takes arrays with a
+    leading seed axis, (S, num_envs, ...), and `sample` draws each seed's batch from its own buffer with its own
+    generator and stacks them, every field (S, batch_size, ...)."""
+
+    def __init__(self, buffers: list[ReplayBuffer]):
+        self.buffers = buffers
+
+    def __len__(self) -> int:
+        return len(self.buffers[0])
+
+    def add(self, obs, actions, rewards, next_obs, terminated, truncated, costs=None) -> None:
+        for i, buffer in enumerate(self.buffers):
+            buffer.add(obs[i], actions[i], rewards[i], next_obs[i], terminated[i], truncated[i],
+                       None if costs is None else costs[i])
+
+    def sample(self, batch_size: int) -> Batch:
+        batches = [buffer.sample(batch_size) for buffer in self.buffers]
+        return Batch(*(None if fields[0] is None else torch.stack(fields) for fields in zip(*batches)))
+
+
+def make_seed_replay(seeds: list[int], build: Callable[[int], ReplayBuffer]) -> ReplayBuffer | SeedReplay:
+    """`build(seed)` for each seed; one seed: that ReplayBuffer itself."""
+    buffers = [build(seed) for seed in seeds]
+    return buffers[0] if len(buffers) == 1 else SeedReplay(buffers)

@@ -350,3 +350,42 @@ def require_box_actions(env: VecEnv, agent: str) -> None:
         env.close()
         raise ValueError(f"{agent} needs a continuous (Box) action space; {env.env_id!r} has "
                          f"{env.single_action_space}. Use a discrete-action agent for it.")
+
+
+class SeedEnvs:
+    """The vector envs of S seeds stepped as one (several seeds trained in one process): arrays gain a leading seed
+    axis, (S, num_envs, ...), and `info` holds the true final observations stacked ("final_obs") and each seed's own
+    info ("seeds")."""
+
+    def __init__(self, envs: list[VecEnv]):
+        self.envs = envs
+        self.env_id = envs[0].env_id
+        self.single_observation_space = envs[0].single_observation_space
+        self.single_action_space = envs[0].single_action_space
+
+    def reset(self) -> tuple[np.ndarray, dict]:
+        return np.stack([env.reset()[0] for env in self.envs]), {}
+
+    def step(self, actions: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, dict]:
+        """actions (S, num_envs, *action_shape)."""
+        steps = [env.step(seed_actions) for env, seed_actions in zip(self.envs, actions)]
+        next_obs, rewards, terminated, truncated = (np.stack([step[k] for step in steps]) for k in range(4))
+        infos = [step[4] for step in steps]
+        return next_obs, rewards, terminated, truncated, {"final_obs": np.stack([i["final_obs"] for i in infos]),
+                                                         "seeds": infos}
+
+    def close(self) -> None:
+        for env in self.envs:
+            env.close()
+
+    def __enter__(self) -> SeedEnvs:
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
+
+
+def make_seed_envs(env_id: str, num_envs: int, seeds: list[int], backend: str = "gymnasium") -> VecEnv | SeedEnvs:
+    """`make_vec_env` for each seed (sub-env i of seed s seeded s + i); one seed: that VecEnv itself."""
+    envs = [make_vec_env(env_id, num_envs, seed, backend) for seed in seeds]
+    return envs[0] if len(envs) == 1 else SeedEnvs(envs)

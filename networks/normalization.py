@@ -37,6 +37,7 @@ class RunningObsNorm(nn.Module):
         if eps_on not in ("var", "std"):
             raise ValueError(f"eps_on must be 'var' (sqrt(var + eps)) or 'std' (std + eps), got {eps_on!r}.")
         shape = (shape,) if isinstance(shape, int) else tuple(shape)
+        self.shape = shape
         self.register_buffer("mean", torch.zeros(shape, dtype=torch.float64))
         self.register_buffer("var", torch.ones(shape, dtype=torch.float64))
         self.register_buffer("count", torch.zeros((), dtype=torch.float64))
@@ -46,21 +47,30 @@ class RunningObsNorm(nn.Module):
 
     @torch.no_grad()
     def update(self, batch: torch.Tensor | np.ndarray) -> None:
-        """Fold a batch (B, *shape) into the statistics. On the CPU the merge runs in numpy on the buffers' own
-        memory, and a single row needs no reduction (its mean is itself, its variance 0): the same float64
-        arithmetic in a few µs where a dozen small torch ops take a hundred, which matters when an agent updates
-        the statistics at every environment step."""
-        if self.mean.device.type != "cpu":
-            batch = torch.as_tensor(batch).to(self.mean.device, torch.float64)
-            self._merge(batch.mean(0), batch.var(0, unbiased=False), batch.shape[0], self.mean, self.var, self.count)
+        """Fold a batch (B, *shape) into the statistics (a seed group's (S, B, *shape): each seed's rows into its
+        own). On the CPU the merge runs in numpy on the buffers' own memory, and a single row needs no reduction
+        (its mean is itself, its variance 0): the same float64 arithmetic in a few µs where a dozen small torch
+        ops take a hundred, which matters when an agent updates the statistics at every environment step."""
+        if self.mean.dim() == len(self.shape):
+            self._update(batch, self.mean, self.var, self.count)
             return
-        buffers = self.mean.numpy(), self.var.numpy(), self.count.numpy()
+        for i, rows in enumerate(batch):  # a seed group: statistics (S, *shape), counts (S,)
+            self._update(rows, self.mean[i], self.var[i], self.count[i:i + 1])
+
+    @classmethod
+    def _update(cls, batch: torch.Tensor | np.ndarray, mean: torch.Tensor, var: torch.Tensor,
+                count: torch.Tensor) -> None:
+        if mean.device.type != "cpu":
+            batch = torch.as_tensor(batch).to(mean.device, torch.float64)
+            cls._merge(batch.mean(0), batch.var(0, unbiased=False), batch.shape[0], mean, var, count)
+            return
+        buffers = mean.numpy(), var.numpy(), count.numpy()
         if len(batch) == 1:
             row = (batch.numpy(force=True) if isinstance(batch, torch.Tensor) else np.asarray(batch))[0]
-            self._merge(row.astype(np.float64), 0.0, 1, *buffers)
+            cls._merge(row.astype(np.float64), 0.0, 1, *buffers)
             return
         batch = torch.as_tensor(batch, dtype=torch.float64)
-        self._merge(batch.mean(0).numpy(), batch.var(0, unbiased=False).numpy(), batch.shape[0], *buffers)
+        cls._merge(batch.mean(0).numpy(), batch.var(0, unbiased=False).numpy(), batch.shape[0], *buffers)
 
     @staticmethod
     def _merge(batch_mean, batch_var, batch_count: int, mean, var, count) -> None:
@@ -73,12 +83,19 @@ class RunningObsNorm(nn.Module):
         count[...] = total
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        var = self.var.to(x.dtype)
+        mean, var = self._aligned(self.mean, x).to(x.dtype), self._aligned(self.var, x).to(x.dtype)
         if self.eps_on == "var":
-            scaled = (x - self.mean.to(x.dtype)) * torch.rsqrt(var + self.eps)
+            scaled = (x - mean) * torch.rsqrt(var + self.eps)
         else:
-            scaled = (x - self.mean.to(x.dtype)) / (torch.sqrt(var) + self.eps)
+            scaled = (x - mean) / (torch.sqrt(var) + self.eps)
         return scaled if self.clip is None else scaled.clamp(-self.clip, self.clip)
+
+    def _aligned(self, statistic: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        """A statistic as it broadcasts against x: a seed group's (S, *shape) against x (S, B, *shape) as
+        (S, 1, *shape)."""
+        if statistic.dim() == len(self.shape):
+            return statistic
+        return statistic.view(statistic.shape[0], *[1] * (x.dim() - statistic.dim()), *self.shape)
 
     def standardize(self, obs: np.ndarray) -> np.ndarray:
         """`forward` for a numpy batch (B, *shape) -> float32, computed in float64: for acting loops on the CPU,

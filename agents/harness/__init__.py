@@ -1,5 +1,7 @@
 """keelrl.agents.harness: the run harness under every agent's training loop, one module per job.
 
+    seeds.py          `SeedRuns`: the seeds of --num-seeds trained by one loop, one `Run` each in lockstep, the
+                      agent stacked along a seed axis (keelrl.networks.seeds)
     loop.py           `Run`, the loop contract: an agent's loop shows the algorithm's steps (act, step the env,
                       store, update); `Run` counts them and does the rest between iterations (see its docstring)
     run_directory.py  the run directory, config.json, and what --resume and --extend-to make of an earlier run

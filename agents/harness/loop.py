@@ -86,7 +86,8 @@ class Run:
 
     def __init__(self, config: RunOptions, algo: str, validate: Callable[[Any], None], total: str,
                  keep_from_command_line: tuple[str, ...] = (),
-                 checkpoint_keys: tuple[str, ...] = ("global_step", "agent", "rng")):
+                 checkpoint_keys: tuple[str, ...] = ("global_step", "agent", "rng"),
+                 stop_signals: StopSignals | None = None):
         self.config, self.dir, self.checkpoint = start_or_resume(config, algo, validate, total,
                                                                  keep_from_command_line, checkpoint_keys)
         self.algo, self.total, self.unit = algo, getattr(self.config, total), UNITS[total]
@@ -103,7 +104,9 @@ class Run:
         self._start_time = self._loop_end = self._checkpoint_time = float("nan")
         self._update_start: tuple[float, int] | None = None  # (time, step) of the first logged update
         self._checkpoint_step = self.step if self.resumed else None  # of the checkpoint on disk
-        self._stop_signals = StopSignals()
+        # a group of runs (harness/seeds.py) shares one, which it holds itself
+        self._own_stop_signals = stop_signals is None
+        self._stop_signals = StopSignals() if stop_signals is None else stop_signals
         self._filming: Filming | None = None
         self._wandb = None
         set_threads(self.config.threads)
@@ -170,11 +173,13 @@ class Run:
             self._replay.end_episodes()
 
     def __enter__(self) -> Run:
-        self._stop_signals.__enter__()
+        if self._own_stop_signals:
+            self._stop_signals.__enter__()
         return self
 
     def __exit__(self, exc_type, exc, traceback) -> None:
-        self._stop_signals.__exit__()
+        if self._own_stop_signals:
+            self._stop_signals.__exit__()
         if self.logger is not None:  # (not when `start` failed)
             self.progress.close()
             self.logger.close()

@@ -1,0 +1,223 @@
+"""Several seeds trained by one loop (--num-seeds S): seeds seed, seed+1, …, seed+S−1, each a `Run` of its own (its
+directory, config.json with its seed, logs, evaluations, checkpoints and model.pt, laid out as a run of that seed
+alone), stepped in lockstep, while the agent trains them as one batched network (keelrl.networks.seeds).
+
+    runs = SeedRuns(config, "sac", validate, total="total_timesteps")        # one seed: a plain Run inside
+    env = runs.group(lambda seed: make_vec_env(..., seed + runs.step))      # VecEnv, or SeedEnvs for S seeds
+    agent = runs.agent(lambda: SAC(...))                                     # stacked along a seed axis for S
+    buffer = runs.group(lambda seed: ReplayBuffer(..., seed=seed))          # ReplayBuffer, or SeedReplay
+    runs.start(env_id, agent, evaluate=lambda agent, seed: ..., numpy_rng=runs.numpy_rng(), replay=buffer)
+
+then the loop of `Run` (steps, record_episodes, log, result). With one seed every call goes straight to the one
+`Run`, and the objects are the single-seed ones: the run is the run it always was. `--resume` of any seed's
+directory resumes all S (each directory's seeds.json names the others).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from keelrl.agents.harness.checkpoints import SavedAgent, write_atomically
+from keelrl.agents.harness.loop import Run, TrainResult
+from keelrl.agents.harness.stopping import RunStopped, StopSignals
+from keelrl.buffers import ReplayBuffer, SeedReplay
+from keelrl.envs import SeedEnvs, VecEnv
+from keelrl.networks.seeds import slice_training_state, stack_seeds, stack_training_states
+
+SEEDS_FILE = "seeds.json"
+"""In each directory of a seed group: the group's directories (relative to it), first seed first."""
+
+
+class SeedGenerators:
+    """S numpy generators used as one: `uniform` draws each seed's part from its own, stacked (S, *size)."""
+
+    def __init__(self, generators: list[np.random.Generator]):
+        self.generators = generators
+
+    def uniform(self, low: np.ndarray, high: np.ndarray, size: tuple[int, ...]) -> np.ndarray:
+        return np.stack([rng.uniform(low, high, size) for rng in self.generators])
+
+
+class SeedView:
+    """Seed i of a stacked agent as its `Run` sees it: its part of the training state, its model file (what a run
+    of that seed alone saves: `SAC.load` and `python -m keelrl.evaluate` read it), and `single`, a copy of it alone
+    remade at each evaluation, that evaluations and videos play. The S views restore together: the group loads
+    once every seed's checkpoint has come."""
+
+    def __init__(self, group: SavedAgent, index: int, config: Any, restored: dict[int, dict]):
+        self.group, self.index, self.config, self.restored = group, index, config, restored
+        self.single = self.snapshot()
+
+    def training_state(self) -> dict:
+        return slice_training_state(self.group.training_state(), self.index)
+
+    def load_training_state(self, state: dict) -> None:
+        self.restored[self.index] = state
+        if len(self.restored) == self.group.num_seeds:
+            self.group.load_training_state(stack_training_states([self.restored[i] for i in sorted(self.restored)]))
+
+    def model_file(self) -> dict[str, Any]:
+        networks = {name: tensor[self.index].clone() for name, tensor in self.group.state_dict().items()}
+        return {"algo": self.group.algo, "config": dataclasses.asdict(self.config), "obs_dim": self.group.obs_dim,
+                "networks": networks}
+
+    def save(self, path: str | os.PathLike) -> None:
+        write_atomically(Path(path), self.model_file())
+
+    def snapshot(self) -> SavedAgent:
+        """Seed i's agent alone, as it is now."""
+        self.single = type(self.group).from_model_file(self.model_file()).to(self.group.action_low.device.type)
+        return self.single
+
+
+class SeedRuns:
+    """The runs of the seeds one loop trains (module docstring). `config`, `step` and `resumed` are the first
+    seed's (the others' differ only in their seed)."""
+
+    def __init__(self, config: Any, algo: str, validate: Callable[[Any], None], total: str):
+        self._stop_signals = StopSignals()  # one for the group: a signal stops every seed at the same step
+        self.runs = [Run(seed_config, algo, validate, total, stop_signals=self._stop_signals)
+                     for seed_config in seed_configs(config)]
+        self.config, self.step, self.resumed = self.runs[0].config, self.runs[0].step, self.runs[0].resumed
+        self.seeds = [run.config.seed for run in self.runs]
+        self._agent: SavedAgent | None = None
+
+    def group(self, build: Callable[[int], Any]) -> Any:
+        """`build(seed)` of each seed, as one: a VecEnv's become SeedEnvs, a ReplayBuffer's a SeedReplay; one
+        seed: its object itself."""
+        parts = [build(seed) for seed in self.seeds]
+        if len(parts) == 1:
+            return parts[0]
+        if isinstance(parts[0], VecEnv):
+            return SeedEnvs(parts)
+        if isinstance(parts[0], ReplayBuffer):
+            return SeedReplay(parts)
+        raise TypeError(f"SeedRuns.group makes vector envs and replay buffers, not {type(parts[0]).__name__}.")
+
+    def agent(self, build: Callable[[], SavedAgent]) -> SavedAgent:
+        """`build()` (one seed), or S agents built each as a run of its seed builds it, stacked into one."""
+        if len(self.seeds) == 1:
+            return build()
+        device = self.config.device
+        return stack_seeds(build, self.seeds, device)
+
+    def numpy_rng(self) -> np.random.Generator | SeedGenerators:
+        """The loop's numpy generator, each seed's seeded with its seed (as `Run` seeds one)."""
+        generators = [np.random.default_rng(seed) for seed in self.seeds]
+        return generators[0] if len(generators) == 1 else SeedGenerators(generators)
+
+    def start(self, name: str, agent: SavedAgent, evaluate: Callable[[SavedAgent, int], tuple], *,
+              numpy_rng: np.random.Generator | SeedGenerators, replay: ReplayBuffer | SeedReplay,
+              video: Callable[[SavedAgent, int], Any] | None = None) -> None:
+        """`Run.start` of each seed: `evaluate(agent, seed)` and `video(agent, seed)` get that seed's agent alone;
+        each seed's checkpoint also keeps its torch generator."""
+        if len(self.runs) == 1:
+            run, seed = self.runs[0], self.seeds[0]
+            run.start(name, agent, evaluate=lambda: evaluate(agent, seed), numpy_rng=numpy_rng, replay=replay,
+                      video=None if video is None else video(agent, seed))
+            return
+        self._agent, restored = agent, {}
+        for i, (run, seed) in enumerate(zip(self.runs, self.seeds)):
+            view, generator = SeedView(agent, i, run.config, restored), agent.random.generators[i]
+            run.start(name, view, evaluate=lambda view=view, seed=seed: evaluate(view.snapshot(), seed),
+                      numpy_rng=numpy_rng.generators[i], replay=replay.buffers[i],
+                      state={"torch_generator": (generator.get_state, generator.set_state)},
+                      video=None if video is None else video(_Latest(view), seed))
+        write_seeds_files([run.dir for run in self.runs])
+
+    def __enter__(self) -> SeedRuns:
+        self._stop_signals.__enter__()
+        for run in self.runs:
+            run.__enter__()
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        for run in reversed(self.runs):
+            run.__exit__(*exc_info)
+        self._stop_signals.__exit__()
+
+    def steps(self, per_iteration: int = 1) -> Iterator[int]:
+        """`Run.steps` of every seed in lockstep; after a stop signal every seed checkpoints before the stop."""
+        iterators = [run.steps(per_iteration) for run in self.runs]
+        while True:
+            stopped, steps = None, []
+            for iterator in iterators:
+                try:
+                    steps.append(next(iterator, None))
+                except RunStopped as err:
+                    stopped = err
+            if stopped is not None:
+                raise stopped
+            if steps[0] is None:
+                return
+            yield steps[0]
+
+    def record_episodes(self, info: dict[str, Any]) -> None:
+        """Each seed's episodes that ended at this step (SeedEnvs' info["seeds"])."""
+        for run, seed_info in zip(self.runs, info.get("seeds", [info])):
+            run.record_episodes(seed_info)
+
+    def log(self, losses: dict[str, torch.Tensor]) -> None:
+        """An update's losses: each seed's part (a seed group's losses have the seed axis in front)."""
+        if len(self.runs) == 1:
+            self.runs[0].log(losses)
+            return
+        for i, run in enumerate(self.runs):
+            run.log({name: value[i] for name, value in losses.items()})
+
+    def result(self, *lines: str) -> TrainResult:
+        """Each seed's `Run.result`; the first seed's is returned, the others' are in `results`."""
+        self.results = [run.result(*lines) for run in self.runs]
+        return self.results[0]
+
+
+class _Latest:
+    """The seed's agent alone as of its last evaluation (what a video films)."""
+
+    def __init__(self, view: SeedView):
+        self.view = view
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.view.single, name)
+
+
+def seed_configs(config: Any) -> list[Any]:
+    """Each seed's config: a new group's seeds seed … seed+S−1, their --runs-dir with {seed} filled in and progress
+    shown for the first only; under --resume the group's directories named in seeds.json."""
+    if config.resume is not None:
+        seeds_file = Path(config.resume) / SEEDS_FILE
+        if not seeds_file.is_file():
+            return [config]
+        run_dirs = [Path(config.resume) / relative for relative in json.loads(seeds_file.read_text())["runs"]]
+        return [dataclasses.replace(config, resume=str(run_dir.resolve()), quiet=config.quiet or i > 0)
+                for i, run_dir in enumerate(run_dirs)]
+    return [dataclasses.replace(config, seed=config.seed + i, runs_dir=config.runs_dir.format(seed=config.seed + i),
+                                quiet=config.quiet or i > 0) for i in range(max(config.num_seeds, 1))]
+
+
+def write_seeds_files(run_dirs: list[Path]) -> None:
+    for run_dir in run_dirs:
+        relative = [os.path.relpath(other, run_dir) for other in run_dirs]
+        (run_dir / SEEDS_FILE).write_text(json.dumps({"runs": relative}, indent=2))
+
+
+def validate_seed_group(config: Any, agent: str) -> None:
+    """Refuse --num-seeds values and the options a seed group cannot train with, in one line each."""
+    if config.num_seeds < 1:
+        raise ValueError(f"--num-seeds must be positive, got {config.num_seeds}.")
+    if config.num_seeds == 1:
+        return
+    if config.compile or config.cudagraphs:
+        raise ValueError(f"--num-seeds {config.num_seeds} batches the seeds' losses with torch.func.vmap, which "
+                         f"keelrl runs eagerly: drop --compile/--cudagraphs, or run the seeds one per process.")
+    if config.network == "simbav2" or config.scale_rewards:
+        raise ValueError(f"--num-seeds {config.num_seeds}: {agent} trains several seeds in one process with "
+                         f"--network mlp or simba and without --scale-rewards; run these seeds one per process.")
