@@ -1,0 +1,153 @@
+"""--num-seeds: S seeds of SAC or TD3 trained in one process as one batched network. Seed i trains as a run of seed
+i alone (same environment seeds, replay samples, noise; losses and weights equal to float tolerance), keeps its
+own α and observation statistics, and lives in a run directory of its own that loads, evaluates and resumes as a
+single run's."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from keelrl.agents import sac, sac_lag, td3
+from keelrl.agents.harness.checkpoints import CHECKPOINT_FILE
+from keelrl.agents.harness.options import run_cli
+from keelrl.agents.harness.seeds import SEEDS_FILE
+from keelrl.buffers import Batch, ReplayBuffer
+from keelrl.evaluate import EvaluateConfig, evaluate_saved
+from keelrl.networks.seeds import stack_seeds
+
+REPO = Path(__file__).resolve().parents[1]
+AGENTS = {"sac": (sac.SAC, sac.SACConfig, sac.train), "td3": (td3.TD3, td3.TD3Config, td3.train)}
+TINY = dict(env_id="InvertedPendulum-v5", total_timesteps=150, learning_starts=100, batch_size=16,
+            hidden_sizes=(16, 16), buffer_size=1_000, eval_freq=0, eval_episodes=2, checkpoint_freq=150, log_freq=10,
+            threads=1, quiet=True)
+"""50 updates after 100 random steps."""
+
+
+def recorded(monkeypatch, algo: str) -> tuple[dict[int, list], list]:
+    """Every replay sample (by buffer), and every update's losses, from now on."""
+    samples: dict[int, list] = {}
+    updates: list = []
+    sample, update = ReplayBuffer.sample, AGENTS[algo][0].update
+
+    def recording_sample(self, batch_size):
+        batch = sample(self, batch_size)
+        samples.setdefault(id(self), []).append(batch)
+        return batch
+
+    def recording_update(self, batch):
+        losses = update(self, batch)
+        updates.append({name: value.detach().clone() for name, value in losses.items()})
+        return losses
+
+    monkeypatch.setattr(ReplayBuffer, "sample", recording_sample)
+    monkeypatch.setattr(AGENTS[algo][0], "update", recording_update)
+    return samples, updates
+
+
+@pytest.mark.parametrize("algo", ["sac", "td3"])
+def test_each_seed_of_a_batched_run_trains_as_its_single_seed_run(algo, tmp_path, monkeypatch):
+    agent_cls, config_cls, train = AGENTS[algo]
+    samples, updates = recorded(monkeypatch, algo)
+    group = train(config_cls(**TINY, seed=4, num_seeds=3, runs_dir=str(tmp_path / "group")))
+    group_samples, group_updates = list(samples.values()), list(updates)
+    assert len(group_samples) == 3 and len(group_updates) == 50
+    group_dirs = {json.loads((Path(d) / "config.json").read_text())["config"]["seed"]: Path(d)
+                  for d in (tmp_path / "group").iterdir()}
+    assert sorted(group_dirs) == [4, 5, 6] and group.run_dir == group_dirs[4]
+    for i, seed in enumerate((4, 5, 6)):
+        samples.clear()
+        updates.clear()
+        single = train(config_cls(**TINY, seed=seed, runs_dir=str(tmp_path / f"single{seed}")))
+        (single_samples,) = samples.values()
+        # the same environment steps: episodes (InvertedPendulum counts steps) and the data sampled for the updates
+        assert (group_dirs[seed] / "episodes.csv").read_text() == (single.run_dir / "episodes.csv").read_text()
+        for group_batch, single_batch in zip(group_samples[i], single_samples, strict=True):
+            torch.testing.assert_close(group_batch.obs, single_batch.obs, rtol=1e-5, atol=1e-6)
+            torch.testing.assert_close(group_batch.actions, single_batch.actions, rtol=1e-5, atol=1e-6)
+        for group_losses, single_losses in zip(group_updates, updates, strict=True):
+            for name, value in single_losses.items():
+                torch.testing.assert_close(group_losses[name][i], value, rtol=1e-5, atol=1e-6, msg=name)
+        grouped, alone = agent_cls.load(group_dirs[seed] / "model.pt"), agent_cls.load(single.run_dir / "model.pt")
+        for (name, tensor), other in zip(grouped.state_dict().items(), alone.state_dict().values(), strict=True):
+            torch.testing.assert_close(tensor, other, rtol=1e-5, atol=1e-6, msg=name)
+        assert grouped.config.seed == seed and grouped.config.num_seeds == 3
+
+
+def test_alpha_and_observation_statistics_stay_per_seed():
+    """Two seeds stacked, given different data: each seed's α and observation statistics move as those of a single
+    agent given that seed's data, and apart from the other seed's."""
+    config = sac.SACConfig(hidden_sizes=(16,), normalize_obs=True, obs_clip=None)
+    rng = np.random.default_rng(0)
+    data = [rng.normal(loc, 1.0, size=(20, 3)).astype(np.float32) for loc in (0.0, 5.0)]
+
+    def batch(obs, k):  # seed k's batches: actions near the bounds for seed 1, so its entropy and α differ
+        scale = 0.99 if k else 0.1
+        return Batch(torch.as_tensor(obs[:8]), torch.full((8, 1), scale), torch.ones(8), torch.as_tensor(obs[8:16]),
+                     torch.zeros(8), torch.full((8,), 0.99))
+
+    group = stack_seeds(lambda: sac.SAC(3, np.array([-1.0]), np.array([1.0]), config), [1, 2])
+    group.obs_norm.update(torch.as_tensor(np.stack(data)))
+    for _ in range(20):
+        group.update(Batch(*(torch.stack(fields) for fields in zip(batch(data[0], 0)[:6], batch(data[1], 1)[:6]))))
+    for k, seed in enumerate((1, 2)):
+        torch.manual_seed(seed)
+        single = sac.SAC(3, np.array([-1.0]), np.array([1.0]), config)
+        single.obs_norm.update(torch.as_tensor(data[k]))
+        for _ in range(20):
+            single.update(batch(data[k], k))
+        torch.testing.assert_close(group.obs_norm.mean[k], single.obs_norm.mean)
+        torch.testing.assert_close(group.log_alpha[k], single.log_alpha, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(group.obs_norm.mean[1].numpy(), data[1].mean(0), rtol=1e-6)
+    assert abs(group.obs_norm.mean[1] - group.obs_norm.mean[0]).min() > 3
+    assert abs(group.log_alpha[1] - group.log_alpha[0]) > 1e-3
+
+
+def test_seed_directories_load_evaluate_and_resume_together(tmp_path):
+    """A SIGTERM stops every seed at the same step, each with its checkpoint; the run directories look like
+    single runs' (config.json with their seed, model.pt that SAC.load and the evaluation command read), and
+    --resume of any one of them continues all."""
+    args = ["--env-id", "InvertedPendulum-v5", "--learning-starts", "100", "--batch-size", "16", "--hidden-sizes",
+            "16", "16", "--eval-episodes", "2", "--total-timesteps", "3000", "--num-seeds", "2", "--seed", "7",
+            "--runs-dir", str(tmp_path / "seed{seed}"), "--progress-seconds", "0"]
+    process = subprocess.Popen([sys.executable, "-m", "keelrl.agents.sac", *args], cwd=REPO, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)
+    for line in process.stdout:
+        if line.startswith("[") and int(line.split()[2].split("/")[0]) >= 400:
+            process.send_signal(signal.SIGTERM)
+            break
+    process.stdout.read()
+    assert process.wait(timeout=60) == 128 + signal.SIGTERM, process.stderr.read()
+    run_dirs = [next((tmp_path / f"seed{seed}").iterdir()) for seed in (7, 8)]
+    stopped_at = [torch.load(d / CHECKPOINT_FILE, weights_only=True)["global_step"] for d in run_dirs]
+    assert stopped_at[0] == stopped_at[1] and 400 <= stopped_at[0] < 3000
+    assert json.loads((run_dirs[1] / SEEDS_FILE).read_text())["runs"] == ["../../seed7/" + run_dirs[0].name, "."]
+    assert run_cli(sac.train, sac.SACConfig, ["--resume", str(run_dirs[1]), "--quiet"]) == 0
+    for seed, run_dir in zip((7, 8), run_dirs):
+        assert torch.load(run_dir / CHECKPOINT_FILE, weights_only=True)["global_step"] == 3000
+        assert json.loads((run_dir / "config.json").read_text())["config"]["seed"] == seed
+        agent = sac.SAC.load(run_dir / "model.pt")
+        assert agent.log_alpha.dim() == 0 and agent.actor.trunk[0].weight.shape == (16, 4)
+        evaluation = evaluate_saved(EvaluateConfig(path=str(run_dir), episodes=2))
+        assert evaluation.algo == "sac" and len(evaluation.returns) == 2
+    first, second = (sac.SAC.load(d / "model.pt").actor.trunk[0].weight for d in run_dirs)
+    assert not torch.allclose(first, second)  # two seeds, two agents
+
+
+def test_refusals(tmp_path, capsys):
+    cases = [(sac.train, sac.SACConfig, ["--num-seeds", "0"], "--num-seeds must be positive"),
+             (sac.train, sac.SACConfig, ["--num-seeds", "2", "--network", "simbav2"], "--network mlp or simba"),
+             (td3.train, td3.TD3Config, ["--num-seeds", "2", "--compile"], "drop --compile"),
+             (sac_lag.train, sac_lag.SACLagConfig, ["--num-seeds", "2"], "SAC-Lag trains one seed per process")]
+    for train, config_cls, args, message in cases:
+        assert run_cli(train, config_cls, [*args, "--runs-dir", str(tmp_path), "--quiet"]) == 2
+        assert message in capsys.readouterr().err
+    assert not any(tmp_path.iterdir())
+
