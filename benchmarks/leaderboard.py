@@ -288,16 +288,19 @@ class Cell:
             return "resume", max(resumable, key=lambda d: (d / CHECKPOINT_FILE).stat().st_mtime)
         return "new", None
 
-    def command(self, track: bool = False) -> list[str]:
+    def command(self, track: bool = False, num_seeds: int = 1) -> list[str]:
         """The agent's command line for this cell's next attempt (a new run or --resume); with `track`, logged to
-        W&B in a group named after the grid."""
+        W&B in a group named after the grid; with `num_seeds`, this cell's seed and the next ones in one process,
+        each seed's run in its own cell directory (a resumed seed group resumes every seed)."""
         state, run_dir = self.state()
         module = ["-m", f"keelrl.agents.{self.agent.module}"]
         watch = ["--quiet", *(["--track", "--wandb-group", self.grid.name] if track else [])]
         if state == "resume":
             return [*module, "--resume", str(run_dir.resolve()), *watch]
         pretrained = [] if self.pretrained is None else ["--pretrained", str(self.pretrained.state()[1].resolve())]
-        return [*module, *self.args, *pretrained, "--runs-dir", str(self.cell_dir.resolve()), *watch]
+        runs_dir = self.cell_dir.resolve() if num_seeds == 1 else self.cell_dir.resolve().parent / "seed{seed}"
+        seeds = [] if num_seeds == 1 else ["--num-seeds", str(num_seeds)]
+        return [*module, *self.args, *seeds, *pretrained, "--runs-dir", str(runs_dir), *watch]
 
     def record(self) -> dict[str, Any]:
         path = self.cell_dir / CELL_FILE
@@ -487,13 +490,14 @@ def _run_on_ray(jobs: list[Job], address: str, workers: int, on_done: Callable[[
 def run_grids(
     grids: list[Grid], runs_dir: Path, workers: int = 2, ray_address: str | None = None, dry_run: bool = False,
     log: Callable[[str], None] = print, invocation: str = "", track: bool = False,
-    committed: Sequence[RunResult] = (),
+    committed: Sequence[RunResult] = (), batch_seeds: bool = False,
 ) -> list[RunResult]:
     """Run every unfinished cell of the grids; the RunResult of every cell, in grid order.
 
     `invocation` (the leaderboard's command line) is recorded with each attempt in cell.json. A cell with no run
     under runs_dir but a finished row in `committed` (a page's tables, see `Cell.committed_result`) is not run:
-    its result is that row.
+    its result is that row. With `batch_seeds`, the seeds of an entry's task run as one process where they can
+    (`seed_batches`).
     """
     if workers < 1:
         raise ValueError(f"--workers must be at least 1, got {workers}.")
@@ -514,27 +518,33 @@ def run_grids(
         + f", {len(cells) - len(runnable)} unavailable"
         + (f", {len(taken)} taken from the committed tables" if taken else "") + f"; runs under {runs_dir}")
     if dry_run:
-        for cell in pending:
-            log(f"waits for {cell.pretrained.agent.name} {cell.task.id} seed {cell.seed}: {cell.agent.name}"
-                if cell.waiting() else f"{cell.state()[0]}: python {' '.join(cell.command(track))}")
+        for batch in seed_batches([cell for cell in pending if not cell.waiting()], batch_seeds):
+            log(f"{batch[0].state()[0]}: python {' '.join(batch[0].command(track, len(batch)))}")
+        for cell in (cell for cell in pending if cell.waiting()):
+            log(f"waits for {cell.pretrained.agent.name} {cell.task.id} seed {cell.seed}: {cell.agent.name}")
         return _results(cells, unavailable, taken)
     finished, total = 0, len(pending)
+    batch_of: dict[Path, list[Cell]] = {}  # a process's first cell -> every cell it runs
 
     def on_done(job: Job, outcome: dict[str, Any]) -> None:
         nonlocal finished
-        cell, mode, _ = job
-        cell.add_attempt(mode, {**outcome, "leaderboard": invocation})
-        finished += 1
-        status = ("done" if cell.state()[0] == "done"
-                  else f"stopped by {signal_name(outcome['returncode'] - 128)} with a checkpoint (the same command "
-                       f"resumes it)" if outcome["returncode"] in STOPPED_CODES
-                  else f"FAILED (exit {outcome['returncode']}, see {cell.cell_dir / LOG_FILE})")
-        log(f"[{finished}/{total}] {cell.agent.name} {cell.task.id} seed {cell.seed}: {status}, "
-            f"{outcome['wall_s'] / 60:.1f} min")
+        first, mode, _ = job
+        for cell in batch_of[first.cell_dir]:
+            cell.add_attempt(mode, {**outcome, "leaderboard": invocation, "seeds_in_process": len(
+                batch_of[first.cell_dir])})
+            finished += 1
+            status = ("done" if cell.state()[0] == "done"
+                      else f"stopped by {signal_name(outcome['returncode'] - 128)} with a checkpoint (the same "
+                           f"command resumes it)" if outcome["returncode"] in STOPPED_CODES
+                      else f"FAILED (exit {outcome['returncode']}, see {first.cell_dir / LOG_FILE})")
+            log(f"[{finished}/{total}] {cell.agent.name} {cell.task.id} seed {cell.seed}: {status}, "
+                f"{outcome['wall_s'] / 60:.1f} min")
 
     # in waves: the cells with nothing to wait for, then those whose runs to fine-tune finished meanwhile
     while wave := [cell for cell in pending if not cell.waiting()]:
-        jobs = [(cell, cell.state()[0], cell.command(track)) for cell in wave]
+        batches = seed_batches(wave, batch_seeds)
+        batch_of.update({batch[0].cell_dir: batch for batch in batches})
+        jobs = [(batch[0], batch[0].state()[0], batch[0].command(track, len(batch))) for batch in batches]
         for cell in wave:
             cell.prepare()
         if ray_address:
@@ -546,6 +556,36 @@ def run_grids(
         log(f"not run: {cell.agent.name} {cell.task.id} seed {cell.seed}, as {cell.pretrained.agent.name} seed "
             f"{cell.seed} did not finish")
     return _results(cells, unavailable, taken)
+
+
+def seed_batches(cells: list[Cell], batch_seeds: bool) -> list[list[Cell]]:
+    """The cells as processes: with `batch_seeds`, the cells of one entry and task whose agent takes --num-seeds
+    (SAC, TD3) as one process when their seeds follow one another and all are new, or all resume one seed group;
+    every other cell alone."""
+    if not batch_seeds:
+        return [[cell] for cell in cells]
+    groups: dict[tuple[str, str, str], list[Cell]] = {}
+    for cell in cells:
+        groups.setdefault((cell.grid.name, cell.agent.name, cell.task.id), []).append(cell)
+    batches = []
+    for group in groups.values():
+        group.sort(key=lambda cell: cell.seed)
+        seeds, states = [cell.seed for cell in group], {cell.state()[0] for cell in group}
+        fields, _ = agent_fields(group[0].agent.module)
+        together = (len(group) > 1 and fields is not None and "num-seeds" in fields
+                    and seeds == list(range(seeds[0], seeds[0] + len(seeds))) and group[0].pretrained is None
+                    and (states == {"new"} or (states == {"resume"} and _one_seed_group(group))))
+        batches += [group] if together else [[cell] for cell in group]
+    return batches
+
+
+def _one_seed_group(cells: list[Cell]) -> bool:
+    """Whether the cells' runs to resume are the seeds of one group (seeds.json of the first names them all)."""
+    seeds_file = cells[0].state()[1] / "seeds.json"
+    if not seeds_file.is_file():
+        return False
+    named = {(cells[0].state()[1] / relative).resolve() for relative in json.loads(seeds_file.read_text())["runs"]}
+    return named == {cell.state()[1].resolve() for cell in cells}
 
 
 def _results(cells: list[Cell], unavailable: dict[str, str], taken: dict[Path, RunResult]) -> list[RunResult]:
@@ -615,6 +655,9 @@ class Args:
     """a line for the Markdown header (e.g. how the machine was shared)"""
     track: bool = False
     """log every run to Weights & Biases (keelrl[wandb]), each grid in its own group"""
+    batch_seeds: bool = False
+    """run the seeds of an agent entry's task as one process (--num-seeds: SAC and TD3), one batched network for
+    all of them, where the seeds follow one another; each seed's run still lands in its own cell directory"""
 
 
 def grids_from_args(args: Args) -> list[Grid]:
@@ -685,7 +728,8 @@ def main(argv: list[str] | None = None) -> int:
 
         committed = read_runs_tables(Path(args.out_dir), name) if args.from_committed else []
         results = run_grids(grids, Path(args.runs_dir), args.workers, args.ray, args.dry_run or args.report_only,
-                            invocation=invocation, track=args.track, committed=committed)
+                            invocation=invocation, track=args.track, committed=committed,
+                            batch_seeds=args.batch_seeds)
         if args.dry_run:
             return 0
         engine = f"Ray ({args.ray})" if args.ray else "local processes"

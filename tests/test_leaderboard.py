@@ -305,6 +305,31 @@ def test_a_fine_tuning_entry_waits_for_and_starts_from_the_run_of_its_seed(tmp_p
         leaderboard.grid_from_dict(chained, "bad")
 
 
+def test_batch_seeds_runs_an_entrys_seeds_as_one_process_into_their_own_cells(tmp_path):
+    messages = []
+    apart = tiny_grid("apart", ["sac"], seeds=(1, 3), options={**TINY, "eval-freq": 0})
+    leaderboard.run_grids([apart], tmp_path / "runs", dry_run=True, batch_seeds=True, log=messages.append)
+    commands = [m for m in messages if m.startswith("new: ")]
+    assert len(commands) == 2 and not any("--num-seeds" in c for c in commands)  # seeds 1 and 3: one process each
+    grid = tiny_grid("batched", ["sac"], seeds=(1, 2), options={**TINY, "eval-freq": 0})
+    messages.clear()
+    leaderboard.run_grids([grid], tmp_path / "runs", dry_run=True, batch_seeds=True, log=messages.append)
+    (command,) = [m for m in messages if m.startswith("new: ")]
+    assert "--seed 1 " in command and "--num-seeds 2" in command and command.endswith("seed{seed} --quiet")
+    results = leaderboard.run_grids([grid], tmp_path / "runs", batch_seeds=True, log=messages.append)
+    assert [(r.seed, r.status) for r in results] == [(1, "done"), (2, "done")]
+    cells = leaderboard.expand(grid, tmp_path / "runs")
+    attempts = [cell.record()["attempts"] for cell in cells]
+    assert [len(a) for a in attempts] == [1, 1] and attempts[0] == attempts[1]  # one process, recorded in both
+    assert attempts[0][0]["seeds_in_process"] == 2
+    for cell in cells:
+        (run_dir,) = cell.run_dirs()
+        assert json.loads((run_dir / "config.json").read_text())["config"]["seed"] == cell.seed
+    messages.clear()
+    leaderboard.run_grids([grid], tmp_path / "runs", batch_seeds=True, log=messages.append)
+    assert "2 cells: 2 finished (skipped)" in messages[0]
+
+
 def test_every_preset_grid_loads_and_names_only_options_its_agents_have(tmp_path):
     presets = sorted(leaderboard.GRIDS_DIR.glob("*.toml"))
     families = {leaderboard.load_grid(path.stem).family for path in presets}
