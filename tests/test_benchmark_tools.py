@@ -80,3 +80,16 @@ def test_declared_score_ranges_and_their_sources():
         assert "ignores the cost limit" in no_range_reason(task)
     assert score_range("Swimmer-v5") is None and "no sourced" in no_range_reason("Swimmer-v5")
     assert "ref_min_score" in score_source("offline", "keelrl/hopper-medium-v0")  # the dataset's own references
+
+
+def test_the_seeds_speed_script_runs_both_ways_and_writes_its_table(tmp_path):
+    from keelrl.benchmarks.perf import seeds_speed
+
+    args = seeds_speed.Args(sizes=(2,), env_id="InvertedPendulum-v5", total_timesteps=150, learning_starts=100,
+                            hidden=8, cores="0", out=tmp_path / "seeds.md")
+    lines = seeds_speed.main(args)
+    row = lines[-1].strip("| ").split(" | ")
+    one, many, together_one, together_many = (float(cell) for cell in row[1:5])
+    assert row[0] == "2" and together_one == pytest.approx(2 * one, abs=0.11)
+    assert together_many == pytest.approx(2 * many, abs=0.11) and one > 0 and many > 0
+    assert (tmp_path / "seeds.md").read_text().splitlines()[-1] == lines[-1]

@@ -1,0 +1,101 @@
+"""Several seeds in one process (--num-seeds) against the same seeds as separate processes, on the same cores.
+
+    python -m keelrl.benchmarks.perf.seeds_speed --sizes 1 2 4 10 --cores 0            # CPU: all on core 0
+    python -m keelrl.benchmarks.perf.seeds_speed --sizes 1 2 4 10 --device cuda         # one GPU
+
+For each S: one process training S seeds of SAC as one batched network, then S single-seed processes at once; every
+process pinned to `--cores` (CPU) with one torch thread, or sharing the GPU. Each trains `--total-timesteps` steps
+of `--env-id`, the first `--learning-starts` random; the figure is environment steps per second after learning
+starts, read from each run's own output ("while updating"). Per seed: each seed's steps/s (the batched process
+moves all its seeds at its loop's rate; separate processes, their mean). Together: the sum over seeds, what a
+seed table costs. `--out` writes the table as Markdown.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import tyro
+
+
+@dataclasses.dataclass
+class Args:
+    sizes: tuple[int, ...] = (1, 2, 4, 10)
+    """numbers of seeds S to measure"""
+    algo: str = "sac"
+    """sac or td3"""
+    env_id: str = "Hopper-v5"
+    total_timesteps: int = 1_500
+    """environment steps per run"""
+    learning_starts: int = 500
+    """random steps before updates (not timed)"""
+    hidden: int = 256
+    """hidden width of the 2-layer networks"""
+    device: str = "cpu"
+    cores: str = "0"
+    """CPU cores every process is pinned to (taskset -c), on CPU"""
+    precision: str = "fp32"
+    out: Path | None = None
+    """write the Markdown table here"""
+
+
+def command(args: Args, seed: int, num_seeds: int, runs_dir: str) -> list[str]:
+    pin = ["taskset", "-c", args.cores] if args.device == "cpu" else []
+    return [*pin, sys.executable, "-m", f"keelrl.agents.{args.algo}", "--env-id", args.env_id, "--seed", str(seed),
+            "--num-seeds", str(num_seeds), "--total-timesteps", str(args.total_timesteps), "--learning-starts",
+            str(args.learning_starts), "--eval-freq", "0", "--eval-episodes", "1", "--checkpoint-freq",
+            str(args.total_timesteps), "--checkpoint-minutes", "0", "--hidden-sizes", str(args.hidden),
+            str(args.hidden), "--device", args.device, "--precision", args.precision, "--threads", "1",
+            "--runs-dir", runs_dir, "--quiet"]
+
+
+def update_rates(output: str) -> list[float]:
+    """Every run's steps/s after learning starts, in the order the process printed them."""
+    return [float(rate) for rate in re.findall(r"([\d.]+) while updating", output)]
+
+
+def batched(args: Args, num_seeds: int) -> float:
+    """Each seed's steps/s in one process training `num_seeds` seeds."""
+    with tempfile.TemporaryDirectory() as runs:
+        output = subprocess.run(command(args, 1, num_seeds, runs + "/{seed}"), capture_output=True, text=True,
+                                check=True).stdout
+    rates = update_rates(output)
+    assert len(rates) == num_seeds, output  # one loop: every seed prints the same rate
+    return rates[0]
+
+
+def separate(args: Args, num_seeds: int) -> list[float]:
+    """Each of `num_seeds` single-seed processes' steps/s, all running at once."""
+    with tempfile.TemporaryDirectory() as runs:
+        processes = [subprocess.Popen(command(args, seed, 1, f"{runs}/{seed}"), stdout=subprocess.PIPE, text=True)
+                     for seed in range(1, num_seeds + 1)]
+        outputs = [process.communicate()[0] for process in processes]
+    if any(process.returncode for process in processes):
+        raise RuntimeError(f"a single-seed process failed: {[p.returncode for p in processes]}")
+    return [update_rates(output)[0] for output in outputs]
+
+
+def main(args: Args) -> list[str]:
+    where = f"cores {args.cores}, one torch thread each" if args.device == "cpu" else args.device
+    lines = [f"{args.algo.upper()} on {args.env_id}, {args.hidden}-{args.hidden} networks, {args.precision}, "
+             f"{args.total_timesteps - args.learning_starts} timed steps per run, every process on {where}.", "",
+             "| seeds S | per seed, one process | per seed, S processes | together, one process | "
+             "together, S processes | one process / S processes |", "|---|---|---|---|---|---|"]
+    for size in args.sizes:
+        one = batched(args, size)
+        many = separate(args, size)
+        lines.append(f"| {size} | {one:.1f} | {sum(many) / size:.1f} | {one * size:.1f} | {sum(many):.1f} | "
+                     f"{one * size / sum(many):.2f}× |")
+        print(lines[-1], flush=True)
+    if args.out is not None:
+        args.out.write_text("\n".join(lines) + "\n")
+    return lines
+
+
+if __name__ == "__main__":
+    print("\n".join(main(tyro.cli(Args))))
