@@ -30,7 +30,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -230,6 +230,23 @@ def orthogonal_init_(critic: CriticEnsemble) -> None:
             layer.bias.zero_()
 
 
+def cql_networks(obs_dim: int, action_low: np.ndarray, action_high: np.ndarray, config: CQLConfig | Any,
+                 orthogonal: bool) -> tuple[nn.Module, CQLActor, CriticEnsemble, CriticEnsemble]:
+    """The observation normaliser ((obs − mean) / (std + 1e-3) with the dataset's statistics, as CORL; identity
+    without normalize_obs), the actor, the critics (orthogonally initialised when asked) and the target critics
+    (a copy) of `config`'s hidden_sizes, num_critics and layer_norm: CQL's, and WSRL's, which fine-tunes them."""
+    obs_norm = RunningObsNorm(obs_dim, clip=None, eps=1e-3, eps_on="std") if config.normalize_obs else nn.Identity()
+    hidden, action_dim = tuple(config.hidden_sizes), len(action_low)
+    actor = CQLActor(obs_dim, action_low, action_high, hidden, layer_norm=config.layer_norm)
+    critic = CriticEnsemble(obs_dim, action_dim, hidden, config.num_critics, layer_norm=config.layer_norm)  # (E, B, 1)
+    if orthogonal:
+        orthogonal_init_(critic)
+    critic_target = CriticEnsemble(obs_dim, action_dim, hidden, config.num_critics,
+                                   layer_norm=config.layer_norm).requires_grad_(False)
+    critic_target.load_state_dict(critic.state_dict())
+    return obs_norm, actor, critic, critic_target
+
+
 class CQL(SavedAgent):
     """The CQL networks and update rule; takes raw observations (standardised inside when configured). Saving and
     loading (`save`, `CQL.load`) and the training state a checkpoint carries come from SavedAgent."""
@@ -243,22 +260,12 @@ class CQL(SavedAgent):
         self.obs_dim = obs_dim
         self.register_buffer("action_low", torch.as_tensor(action_low, dtype=torch.float32))
         self.register_buffer("action_high", torch.as_tensor(action_high, dtype=torch.float32))
-        # (obs − mean) / (std + 1e-3) with the dataset's statistics, as CORL
-        self.obs_norm = RunningObsNorm(obs_dim, clip=None, eps=1e-3, eps_on="std") if config.normalize_obs \
-            else nn.Identity()
-        hidden, action_dim = tuple(config.hidden_sizes), len(action_low)
-        self.actor = CQLActor(obs_dim, action_low, action_high, hidden, layer_norm=config.layer_norm)
-        self.critic = CriticEnsemble(obs_dim, action_dim, hidden, config.num_critics,
-                                     layer_norm=config.layer_norm)  # -> (E, B, 1)
-        if config.orthogonal_init:
-            orthogonal_init_(self.critic)
-        self.critic_target = CriticEnsemble(obs_dim, action_dim, hidden, config.num_critics,
-                                            layer_norm=config.layer_norm).requires_grad_(False)
-        self.critic_target.load_state_dict(self.critic.state_dict())
+        self.obs_norm, self.actor, self.critic, self.critic_target = cql_networks(
+            obs_dim, action_low, action_high, config, config.orthogonal_init)
         # the parameter lists Polyak averaging walks, gathered once (the tensors stay the same objects)
         self.polyak_target, self.polyak_online = list(self.critic_target.parameters()), list(self.critic.parameters())
         self.log_alpha = nn.Parameter(torch.tensor(float(np.log(config.alpha))), requires_grad=config.autotune)
-        self.target_entropy = config.target_entropy_scale * action_dim
+        self.target_entropy = config.target_entropy_scale * len(action_low)
         # the log-density of a uniform action in the box, subtracted from its Q under importance sampling
         self.uniform_log_density = -float(np.log(np.asarray(action_high) - np.asarray(action_low)).sum())
         self.optimizers = {"actor": make_optimizer(list(self.actor.parameters()), "adam", config.policy_lr),

@@ -33,7 +33,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from keelrl.agents.cql import CQLActor
+from keelrl.agents.cql import cql_networks
 from keelrl.agents.harness.checkpoints import CHECKPOINT_FILE, MODEL_FILE, SavedAgent, read_checkpoint
 from keelrl.agents.harness.loop import Run, TrainResult
 from keelrl.agents.harness.options import RunOptions, require_positive_counts, run_cli, validate_run_options
@@ -42,8 +42,6 @@ from keelrl.buffers import Batch, ReplayBuffer
 from keelrl.envs import make_vec_env, play_episodes, require_box_actions
 from keelrl.envs.video import gym_video
 from keelrl.networks import (
-    CriticEnsemble,
-    RunningObsNorm,
     frozen,
     make_optimizer,
     optimizer_step,
@@ -168,19 +166,12 @@ class WSRL(SavedAgent):
         self.obs_dim = obs_dim
         self.register_buffer("action_low", torch.as_tensor(action_low, dtype=torch.float32))
         self.register_buffer("action_high", torch.as_tensor(action_high, dtype=torch.float32))
-        self.obs_norm = RunningObsNorm(obs_dim, clip=None, eps=1e-3, eps_on="std") if config.normalize_obs \
-            else nn.Identity()
-        hidden, action_dim = tuple(config.hidden_sizes), len(action_low)
-        self.actor = CQLActor(obs_dim, action_low, action_high, hidden, layer_norm=config.layer_norm)
-        self.critic = CriticEnsemble(obs_dim, action_dim, hidden, config.num_critics,
-                                     layer_norm=config.layer_norm)  # -> (E, B, 1)
-        self.critic_target = CriticEnsemble(obs_dim, action_dim, hidden, config.num_critics,
-                                            layer_norm=config.layer_norm).requires_grad_(False)
-        self.critic_target.load_state_dict(self.critic.state_dict())
+        self.obs_norm, self.actor, self.critic, self.critic_target = cql_networks(
+            obs_dim, action_low, action_high, config, orthogonal=False)  # the pre-trained weights come in later
         # the parameter lists Polyak averaging walks, gathered once (the tensors stay the same objects)
         self.polyak_target, self.polyak_online = list(self.critic_target.parameters()), list(self.critic.parameters())
         self.log_alpha = nn.Parameter(torch.tensor(0.0))
-        self.target_entropy = config.target_entropy_scale * action_dim
+        self.target_entropy = config.target_entropy_scale * len(action_low)
         # named as CQL's optimisers, whose states `load_pretrained` takes over
         self.optimizers = {"actor": make_optimizer(list(self.actor.parameters()), "adam", config.policy_lr),
                            "critic": make_optimizer(list(self.critic.parameters()), "adam", config.qf_lr),
