@@ -104,8 +104,9 @@ def test_redq_targets_take_the_minimum_over_the_drawn_subset_of_critics():
         minima.append(minimum)
         torch.manual_seed(seed)  # the critics output 0: the TD loss is 5 critics × (0.5 · min)²
         torch.testing.assert_close(wsrl.critic_loss(batch), torch.tensor(5 * (0.5 * minimum) ** 2))
-        torch.manual_seed(seed)
-        sac_loss, _ = sac.critic_loss(batch)
+        torch.manual_seed(seed)  # SAC draws its noise and subset as its update does, then takes them in
+        noise = sac.random.normal(6, 1)
+        sac_loss, _ = sac.critic_loss(batch, noise, sac.random.members(5, 2))
         torch.testing.assert_close(sac_loss, torch.tensor(5 * (0.5 * minimum) ** 2), rtol=1e-6, atol=1e-6)
         torch.manual_seed(seed)
         torch.testing.assert_close(cql.next_value(batch.next_obs), torch.full((6,), minimum))
