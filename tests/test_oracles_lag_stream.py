@@ -87,16 +87,20 @@ def mixed(q_twin: torch.Tensor) -> bool:
 
 
 class FixedNoise:
-    """Stands in for torch.randn_like: hands out the given tensors in order (shape-checked)."""
+    """Stands in for torch.randn_like and for an agent's `random.normal`: hands out the given tensors in order
+    (shape-checked)."""
 
     def __init__(self, draws: list[torch.Tensor]):
         self.draws = list(draws)
 
     def __call__(self, like: torch.Tensor, *args, **kwargs) -> torch.Tensor:
+        return self.normal(*like.shape).to(dtype=like.dtype, device=like.device)
+
+    def normal(self, *shape: int) -> torch.Tensor:
         assert self.draws, "the agent drew more Gaussian noise than its update documents"
         noise = self.draws.pop(0)
-        assert noise.shape == like.shape
-        return noise.to(dtype=like.dtype, device=like.device)
+        assert noise.shape == shape
+        return noise
 
 
 def cost_batch() -> Batch:
@@ -223,6 +227,7 @@ def test_sac_lag_one_update_matches_an_independent_oracle(monkeypatch):
         lambda module, inputs, output: seen.update(cost_next=(inputs[1].clone(), output.clone())))
     fixed = FixedNoise(noise)
     monkeypatch.setattr(torch, "randn_like", fixed)
+    monkeypatch.setattr(agent.random, "normal", fixed.normal)
     losses = agent.update(batch)
     monkeypatch.undo()
     hook.remove()
@@ -320,6 +325,7 @@ def test_td3_lag_one_update_matches_an_independent_oracle(monkeypatch):
         lambda module, inputs, output: seen.update(cost_next=(inputs[1].clone(), output.clone())))
     fixed = FixedNoise(noise)
     monkeypatch.setattr(torch, "randn_like", fixed)
+    monkeypatch.setattr(agent.random, "normal", fixed.normal)
     losses = agent.update(batch)
     monkeypatch.undo()
     hook.remove()
