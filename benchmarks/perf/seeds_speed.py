@@ -6,7 +6,8 @@
 For each S: one process training S seeds of SAC as one batched network, then S single-seed processes at once; every
 process pinned to `--cores` (CPU) with one torch thread, or sharing the GPU. Each trains `--total-timesteps` steps
 of `--env-id`, the first `--learning-starts` random; the figure is environment steps per second after learning
-starts, read from each run's own output ("while updating"). Per seed: each seed's steps/s (the batched process
+starts, read from each run's own output ("while updating"); with `--repeats`, the two ways take turns and the
+median of each is shown. Per seed: each seed's steps/s (the batched process
 moves all its seeds at its loop's rate; separate processes, their mean). Together: the sum over seeds, what a
 seed table costs. `--out` writes the table as Markdown.
 """
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -40,6 +42,8 @@ class Args:
     cores: str = "0"
     """CPU cores every process is pinned to (taskset -c), on CPU"""
     precision: str = "fp32"
+    repeats: int = 1
+    """measurements of each S, one process and S processes taking turns; the table shows their medians"""
     out: Path | None = None
     """write the Markdown table here"""
 
@@ -87,10 +91,10 @@ def main(args: Args) -> list[str]:
              "| seeds S | per seed, one process | per seed, S processes | together, one process | "
              "together, S processes | one process / S processes |", "|---|---|---|---|---|---|"]
     for size in args.sizes:
-        one = batched(args, size)
-        many = separate(args, size)
-        lines.append(f"| {size} | {one:.1f} | {sum(many) / size:.1f} | {one * size:.1f} | {sum(many):.1f} | "
-                     f"{one * size / sum(many):.2f}× |")
+        # (each seed's steps/s in one process, the mean of S single-seed processes'), measured in turns
+        measured = [(batched(args, size), statistics.mean(separate(args, size))) for _ in range(args.repeats)]
+        one, many = (statistics.median(rates) for rates in zip(*measured))
+        lines.append(f"| {size} | {one:.1f} | {many:.1f} | {one * size:.1f} | {many * size:.1f} | {one / many:.2f}× |")
         print(lines[-1], flush=True)
     if args.out is not None:
         args.out.write_text("\n".join(lines) + "\n")
