@@ -349,7 +349,7 @@ def train(config: SACConfig) -> TrainResult:
             if config.normalize_obs:
                 agent.obs_norm.update(torch.as_tensor(obs))
             if global_step < config.learning_starts:
-                actions = action_rng.uniform(low, high, (config.num_envs, *low.shape)).astype(np.float32)  # (S, N, A)
+                actions = action_rng.uniform(low, high, (config.num_envs, *low.shape)).astype(np.float32)  # a seed group: (S, N, A)
             else:
                 actions = agent.act(obs)
             next_obs, rewards, terminated, truncated, info = env.step(actions)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
 from typing import NamedTuple
 
 import torch
@@ -220,9 +219,3 @@ class SeedReplay:
     def sample(self, batch_size: int) -> Batch:
         batches = [buffer.sample(batch_size) for buffer in self.buffers]
         return Batch(*(None if fields[0] is None else torch.stack(fields) for fields in zip(*batches)))
-
-
-def make_seed_replay(seeds: list[int], build: Callable[[int], ReplayBuffer]) -> ReplayBuffer | SeedReplay:
-    """`build(seed)` for each seed; one seed: that ReplayBuffer itself."""
-    buffers = [build(seed) for seed in seeds]
-    return buffers[0] if len(buffers) == 1 else SeedReplay(buffers)

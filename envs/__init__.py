@@ -4,7 +4,7 @@ safety tasks (importing keelrl.envs registers keelrl/Safe*Velocity-v1)."""
 from keelrl.envs.normalize import ObsNormalizer, RewardNormalizer, RunningStats
 from keelrl.envs.safety import VELOCITY_TASKS, CostWrapper
 from keelrl.envs.streaming_wrappers import load_stream_env_state, make_stream_env, stream_env_state
-from keelrl.envs.vec_env import SeedEnvs, VecEnv, make_seed_envs, make_vec_env, play_episodes, require_box_actions
+from keelrl.envs.vec_env import SeedEnvs, VecEnv, make_vec_env, play_episodes, require_box_actions
 
-__all__ = ["make_vec_env", "make_seed_envs", "SeedEnvs", "play_episodes", "require_box_actions", "VecEnv", "ObsNormalizer", "RewardNormalizer", "RunningStats",
+__all__ = ["make_vec_env", "SeedEnvs", "play_episodes", "require_box_actions", "VecEnv", "ObsNormalizer", "RewardNormalizer", "RunningStats",
            "CostWrapper", "VELOCITY_TASKS", "make_stream_env", "stream_env_state", "load_stream_env_state"]

@@ -383,9 +383,3 @@ class SeedEnvs:
 
     def __exit__(self, *exc_info) -> None:
         self.close()
-
-
-def make_seed_envs(env_id: str, num_envs: int, seeds: list[int], backend: str = "gymnasium") -> VecEnv | SeedEnvs:
-    """`make_vec_env` for each seed (sub-env i of seed s seeded s + i); one seed: that VecEnv itself."""
-    envs = [make_vec_env(env_id, num_envs, seed, backend) for seed in seeds]
-    return envs[0] if len(envs) == 1 else SeedEnvs(envs)

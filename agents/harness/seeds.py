@@ -88,7 +88,6 @@ class SeedRuns:
                      for seed_config in seed_configs(config)]
         self.config, self.step, self.resumed = self.runs[0].config, self.runs[0].step, self.runs[0].resumed
         self.seeds = [run.config.seed for run in self.runs]
-        self._agent: SavedAgent | None = None
 
     def group(self, build: Callable[[int], Any]) -> Any:
         """`build(seed)` of each seed, as one: a VecEnv's become SeedEnvs, a ReplayBuffer's a SeedReplay; one
@@ -106,8 +105,7 @@ class SeedRuns:
         """`build()` (one seed), or S agents built each as a run of its seed builds it, stacked into one."""
         if len(self.seeds) == 1:
             return build()
-        device = self.config.device
-        return stack_seeds(build, self.seeds, device)
+        return stack_seeds(build, self.seeds, self.config.device)
 
     def numpy_rng(self) -> np.random.Generator | SeedGenerators:
         """The loop's numpy generator, each seed's seeded with its seed (as `Run` seeds one)."""
@@ -124,7 +122,7 @@ class SeedRuns:
             run.start(name, agent, evaluate=lambda: evaluate(agent, seed), numpy_rng=numpy_rng, replay=replay,
                       video=None if video is None else video(agent, seed))
             return
-        self._agent, restored = agent, {}
+        restored: dict[int, dict] = {}
         for i, (run, seed) in enumerate(zip(self.runs, self.seeds)):
             view, generator = SeedView(agent, i, run.config, restored), agent.random.generators[i]
             run.start(name, view, evaluate=lambda view=view, seed=seed: evaluate(view.snapshot(), seed),
