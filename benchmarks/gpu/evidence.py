@@ -1,0 +1,138 @@
+"""Step 2 of the GPU run: the learning cells of gpu-evidence-online and -offline, all at once, and what they reached.
+
+    python -m keelrl.benchmarks.gpu.evidence start --runs-dir /tmp/evidence      # returns at once; runs detached
+    python -m keelrl.benchmarks.gpu.evidence collect --runs-dir /tmp/evidence --out RESULTS --wait-minutes 9
+    python -m keelrl.benchmarks.gpu.evidence start --runs-dir R --tiny --device cpu   # here: 300 steps per cell
+
+`start` launches `run` in its own session (setsid), so the cells outlive the command that started them while the
+machine is held; `run` is the leaderboard of both grids with one worker per cell. `collect` waits the given
+minutes (returning early once every cell has finished), then writes into RESULTS what the cells have so far:
+learning.csv (every evaluation: agent, task, seed, step, mean return, normalised score where the task has
+reference returns) and progress.csv (each cell's last logged step, last evaluated step and state), and the last
+lines of the leaderboard's log. Collect again later for more; the cells keep running meanwhile.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Literal
+
+import tyro
+
+from keelrl.benchmarks import leaderboard
+from keelrl.benchmarks.gpu.speed import tensorboard_points, write_csv
+
+GRIDS = ("gpu-evidence-online", "gpu-evidence-offline")
+TINY_STEPS, TINY_EVAL_FREQ = 300, 100
+LEARNING_FIELDS = ("grid", "agent", "task", "seed", "step", "mean_return", "normalized_score")
+PROGRESS_FIELDS = ("grid", "agent", "task", "seed", "state", "last_step", "last_evaluation", "budget")
+LOG_NAME = "leaderboard.log"
+
+
+@dataclasses.dataclass
+class Args:
+    action: tyro.conf.Positional[Literal["start", "run", "collect"]]
+    """start: launch `run` detached; run: the leaderboard in this process; collect: wait, then write the results"""
+    runs_dir: Path = Path("/tmp/keelrl-gpu-evidence")
+    """where the cells' runs go (and the leaderboard's log)"""
+    out: Path | None = None
+    """collect: folder the results are written into"""
+    wait_minutes: float = 0.0
+    """collect: minutes to wait first (less if every cell finishes)"""
+    device: str = "cuda"
+    tiny: bool = False
+    """300 steps per cell, evaluations every 100: to try the step here"""
+    datasets: Path = Path(".gpu/minari")
+    """MINARI_DATASETS_PATH of the offline cells"""
+    agents: tuple[str, ...] = ()
+    """only these entries of the grids (default: every one)"""
+
+
+def grids(args: Args) -> list[leaderboard.Grid]:
+    """Both grids (their --agents entries) on `--device`; with --tiny, every budget TINY_STEPS and evaluations
+    every TINY_EVAL_FREQ."""
+    options = {"device": args.device}
+    if args.tiny:
+        options |= {"eval-freq": TINY_EVAL_FREQ, "checkpoint-freq": TINY_STEPS, "eval-episodes": 2}
+    chosen = []
+    for grid in map(leaderboard.load_grid, GRIDS):
+        agents = tuple(agent for agent in grid.agents if not args.agents or agent.name in args.agents)
+        tasks = tuple(dataclasses.replace(task, steps=TINY_STEPS) if args.tiny else task for task in grid.tasks)
+        if agents:
+            chosen.append(dataclasses.replace(grid, agents=agents, tasks=tasks, options=grid.options | options))
+    return chosen
+
+
+def cells(args: Args) -> list[leaderboard.Cell]:
+    return [cell for grid in grids(args) for cell in leaderboard.expand(grid, args.runs_dir)]
+
+
+def start(args: Args) -> None:
+    """Launch `run` with the same arguments in a new session, its output into runs_dir/leaderboard.log."""
+    args.runs_dir.mkdir(parents=True, exist_ok=True)
+    command = [sys.executable, "-m", "keelrl.benchmarks.gpu.evidence", "run", "--runs-dir", str(args.runs_dir),
+               "--device", args.device, "--datasets", str(args.datasets.resolve()), *(["--tiny"] if args.tiny else []),
+               *(["--agents", *args.agents] if args.agents else [])]
+    with (args.runs_dir / LOG_NAME).open("a") as log:
+        subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    print(f"started: {' '.join(command[1:])}; log in {args.runs_dir / LOG_NAME}")
+
+
+def run(args: Args) -> None:
+    os.environ["MINARI_DATASETS_PATH"] = str(args.datasets.resolve())
+    grid_list = grids(args)
+    leaderboard.run_grids(grid_list, args.runs_dir, workers=len(cells(args)))
+
+
+def evaluations(cell: leaderboard.Cell) -> list[dict]:
+    """Every evaluation the cell's run has written so far (its eval.csv), normalised where dataset.json gives the
+    reference returns."""
+    rows = []
+    for path in sorted(cell.cell_dir.glob("*/eval.csv")):
+        references = path.parent / "dataset.json"
+        low, high = json.loads(references.read_text())["ref_scores"] if references.is_file() else (None, None)
+        with path.open() as file:
+            for row in csv.DictReader(file):
+                mean = float(row["mean_return"])
+                rows.append(dict(step=int(row["global_step"]), mean_return=f"{mean:.1f}",
+                                 normalized_score="" if low is None else f"{100 * (mean - low) / (high - low):.1f}"))
+    return rows
+
+
+def collect(args: Args) -> None:
+    """Wait up to --wait-minutes for the cells, then write learning.csv, progress.csv and the log's tail."""
+    every = cells(args)
+    deadline = time.monotonic() + 60 * args.wait_minutes
+    while time.monotonic() < deadline and any(cell.state()[0] != "done" for cell in every):
+        time.sleep(10)
+    learning, progress = [], []
+    for cell in every:
+        where = dict(grid=cell.grid.name, agent=cell.agent.name, task=cell.task.id, seed=cell.seed)
+        points = evaluations(cell)
+        learning += [where | point for point in points]
+        logged = tensorboard_points(cell.cell_dir, tag=None)
+        progress.append(where | dict(state=cell.state()[0], last_step=logged[-1][0] if logged else 0,
+                                     last_evaluation=points[-1]["step"] if points else 0, budget=cell.steps))
+    args.out.mkdir(parents=True, exist_ok=True)
+    write_csv(args.out / "learning.csv", LEARNING_FIELDS, learning)
+    write_csv(args.out / "progress.csv", PROGRESS_FIELDS, progress)
+    log = args.runs_dir / LOG_NAME
+    (args.out / LOG_NAME).write_text("".join(log.read_text().splitlines(keepends=True)[-200:]) if log.is_file()
+                                     else "")
+    reached = min((row["last_evaluation"] for row in progress), default=0)
+    print(f"collected {len(learning)} evaluations of {len(every)} cells; every cell evaluated at step {reached}")
+
+
+def main(args: Args) -> None:
+    {"start": start, "run": run, "collect": collect}[args.action](args)
+
+
+if __name__ == "__main__":
+    main(tyro.cli(Args))

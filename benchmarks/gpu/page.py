@@ -1,0 +1,200 @@
+"""The results page of the GPU run: benchmarks/results/gpu.md and its curves, from the files the run brought back.
+
+    python -m keelrl.benchmarks.gpu.page --results SPEED_RESULTS EVIDENCE_RESULTS --out benchmarks/results/gpu.md
+
+Each --results folder holds what step 1 (benchmarks/gpu/speed.py: environment.json, speed.csv, smoke.csv,
+seeds.md) or a collect of step 2 (benchmarks/gpu/evidence.py: learning.csv, progress.csv) wrote; a file in a
+later folder replaces the same file of an earlier one, so the last collect's learning curves win. The page names
+the GPU, torch and the commit, gives the speed table with keelrl's best setting over LeanRL's best and over
+CleanRL, the smoke runs, the seeds table, and the learning table at the last evaluation step every cell of a grid
+reached, beside the SimbaV2 repository's published Hopper-v4 figures (REFERENCES.md) and the behaviour policy of
+the dataset; the curves go into a PNG beside the page.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import json
+import statistics
+from collections import defaultdict
+from pathlib import Path
+
+import tyro
+
+PUBLISHED_HOPPER_100K = {"SimbaV2 (UTD 2)": 2821, "SAC": 1103}
+"""Hopper-v4 mean return at 100k steps, 10 seeds: the SimbaV2 repository's results/baseline/*.csv (REFERENCES.md,
+"Small-budget online figures"); v4 and their settings, not this run's Hopper-v5."""
+BEHAVIOUR_SCORE = 34.3
+"""keelrl/hopper-medium-v0's behaviour policy, normalised (benchmarks/results/offline.md)"""
+COMMANDS = (
+    "bash benchmarks/gpu/prepare.sh CLEANRL_CHECKOUT LEANRL_CHECKOUT      # on the CPU machine",
+    "source .gpu/prefix.sh && python -m keelrl.benchmarks.gpu.speed --out $OUT "
+    "&& python -m keelrl.benchmarks.gpu.evidence start",
+    "source .gpu/prefix.sh && python -m keelrl.benchmarks.gpu.evidence collect --out $OUT --wait-minutes W",
+)
+
+
+@dataclasses.dataclass
+class Args:
+    results: tuple[Path, ...]
+    """folders the GPU run brought back, earliest first"""
+    out: Path = Path("benchmarks/results/gpu.md")
+    """the page; its curves go beside it as <name>_curves.png"""
+
+
+def read_files(folders: tuple[Path, ...]) -> dict[str, Path]:
+    """Every result file by name, the latest folder's where several have it."""
+    return {path.name: path for folder in folders for path in sorted(folder.iterdir()) if path.is_file()}
+
+
+def read_csv(path: Path | None) -> list[dict]:
+    if path is None:
+        return []
+    with path.open() as file:
+        return list(csv.DictReader(file))
+
+
+def speed_section(rows: list[dict]) -> list[str]:
+    """The speed table, each measured row over CleanRL's and over LeanRL's best, and the two headline ratios."""
+    lines = ["| agent | implementation | setting | env-steps/s | / CleanRL | / LeanRL's best | note |",
+             "|---|---|---|---|---|---|---|"]
+    headline = []
+    for algo in dict.fromkeys(row["algo"] for row in rows):
+        mine = [row for row in rows if row["algo"] == algo]
+        rate = {id(row): float(row["steps_per_s"]) for row in mine if row["steps_per_s"]}
+        best = {name: max((row for row in mine if row["implementation"] == name and id(row) in rate),
+                          key=lambda row: rate[id(row)], default=None) for name in ("cleanrl", "leanrl", "keelrl")}
+        cleanrl = rate[id(best["cleanrl"])] if best["cleanrl"] else None
+        leanrl = rate[id(best["leanrl"])] if best["leanrl"] else None
+        for row in mine:
+            value = rate.get(id(row))
+            ratios = [f"{value / base:.2f}×" if value and base else "" for base in (cleanrl, leanrl)]
+            shown = f"{value:.1f}" if value else "not measured"
+            lines.append(f"| {algo.upper()} | {row['implementation']} | {row['setting']} | {shown} | "
+                         f"{' | '.join(ratios)} | {row['note']} |")
+        if best["keelrl"]:
+            keel = rate[id(best["keelrl"])]
+            versus = [f"{keel / base:.2f}× {name}" for name, base in (("LeanRL's best", leanrl), ("CleanRL", cleanrl))
+                      if base]
+            headline.append(f"- {algo.upper()}: keelrl's best ({best['keelrl']['setting']}, {keel:.1f} steps/s) is "
+                            + (", ".join(versus) if versus else "not compared (no reference measured)") + ".")
+    return [*headline, "", *lines]
+
+
+def smoke_section(rows: list[dict]) -> list[str]:
+    lines = ["| agent | exit code | loop steps | host synchronisations | per step | most at | error |",
+             "|---|---|---|---|---|---|---|"]
+    for row in rows:
+        lines.append(f"| {row['agent']} | {row['returncode']} | {row['steps']} | {row['syncs']} | "
+                     f"{row['syncs_per_step']} | {row['top_locations']} | {row['error']} |")
+    return lines
+
+
+def seeds_of(rows: list[dict]) -> dict[tuple[str, str], list[dict]]:
+    """Evaluations grouped by (grid, agent), then (seed) in step order."""
+    grouped: dict[tuple[str, str], list[dict]] = defaultdict(list)
+    for row in rows:
+        grouped[row["grid"], row["agent"]].append(row)
+    return grouped
+
+
+def common_step(progress: list[dict], grid: str) -> int:
+    """The last evaluation step every cell of `grid` reached."""
+    return min((int(row["last_evaluation"]) for row in progress if row["grid"] == grid), default=0)
+
+
+def learning_section(learning: list[dict], progress: list[dict]) -> list[str]:
+    """Per grid: each agent's mean ± std over seeds at the step every cell reached, and the steps each seed
+    reached; the published figures and the behaviour policy beside them."""
+    lines = []
+    for grid in dict.fromkeys(row["grid"] for row in progress):
+        step = common_step(progress, grid)
+        offline = any(row["normalized_score"] for row in learning if row["grid"] == grid)
+        measure = "normalised score" if offline else "evaluation return"
+        lines += [f"### {grid}: at step {step:,} (the last evaluation every cell reached)", "",
+                  f"| agent | {measure}, mean ± std over seeds | seeds | steps each seed reached (budget) |",
+                  "|---|---|---|---|"]
+        for (row_grid, agent), rows in seeds_of(learning).items():
+            if row_grid != grid:
+                continue
+            at_step = [float(row["normalized_score" if offline else "mean_return"]) for row in rows
+                       if int(row["step"]) == step]
+            cells = [row for row in progress if row["grid"] == grid and row["agent"] == agent]
+            reached, budget = [f"{int(row['last_step']):,}" for row in cells], int(cells[0]["budget"])
+            spread = statistics.pstdev(at_step) if len(at_step) > 1 else 0.0
+            score = f"{statistics.mean(at_step):.1f} ± {spread:.1f}" if at_step else "not measured"
+            lines.append(f"| {agent} | {score} | {len(at_step)} | {', '.join(reached)} ({budget:,}) |")
+        if offline:
+            lines.append(f"| behaviour policy (the dataset) | {BEHAVIOUR_SCORE} | | |")
+        else:
+            lines += [f"| published, Hopper-v4 at 100k: {name} | {value} | 10 | 100,000 |"
+                      for name, value in PUBLISHED_HOPPER_100K.items()]
+        lines.append("")
+    return lines
+
+
+def plot_curves(learning: list[dict], path: Path) -> None:
+    """One panel per grid: each agent's mean over seeds at every step all its seeds evaluated."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    grid_names = list(dict.fromkeys(row["grid"] for row in learning))
+    figure, axes = plt.subplots(1, max(len(grid_names), 1), figsize=(6 * max(len(grid_names), 1), 4), squeeze=False)
+    for axis, grid in zip(axes[0], grid_names):
+        offline = any(row["normalized_score"] for row in learning if row["grid"] == grid)
+        key = "normalized_score" if offline else "mean_return"
+        for (row_grid, agent), rows in seeds_of(learning).items():
+            if row_grid == grid:
+                by_step: dict[int, list[float]] = defaultdict(list)
+                for row in rows:
+                    by_step[int(row["step"])].append(float(row[key]))
+                seeds = max(len(values) for values in by_step.values())
+                steps = sorted(step for step, values in by_step.items() if len(values) == seeds)
+                axis.plot(steps, [statistics.mean(by_step[step]) for step in steps], marker="o", label=agent)
+        if offline:
+            axis.axhline(BEHAVIOUR_SCORE, color="gray", linestyle="--", label="behaviour policy")
+        axis.set(title=grid, xlabel="gradient updates" if offline else "environment steps",
+                 ylabel="normalised score" if offline else "evaluation return")
+        axis.legend()
+    figure.tight_layout()
+    figure.savefig(path, dpi=100)
+
+
+def write_page(args: Args) -> Path:
+    files = read_files(args.results)
+    environment = json.loads(files["environment.json"].read_text())
+    learning, progress = read_csv(files.get("learning.csv")), read_csv(files.get("progress.csv"))
+    curves = args.out.with_name(f"{args.out.stem}_curves.png")
+    trial = ["", "**A trial with --tiny: a check of the scripts, not evidence.**"] if environment["tiny"] else []
+    lines = ["# keelrl on a GPU: speed beside LeanRL and CleanRL, and learning on Hopper", *trial, "",
+             f"Machine: {environment['device']}, {environment['cpus']} CPU cores; torch {environment['torch']}"
+             f" (CUDA {environment['cuda'] or 'none'}), Python {environment['python']}; keelrl at commit "
+             f"{environment['commit']}. How it was run (benchmarks/gpu/README.md):", "",
+             *[f"    {command}" for command in COMMANDS], "",
+             "## Speed: SAC and TD3 on " + environment["env_id"], "",
+             f"One run at a time on the quiet GPU: {environment['learning_starts']:,} random steps, then one update "
+             f"per step; the rate over the last {environment['timed_steps']:,} steps after {environment['burn_in']:,}"
+             " burn-in update steps (compilation, CUDA-graph capture). Batch 256, 256-256 networks, one torch "
+             "thread, seed 1 (benchmarks/gpu/speed.py).", "",
+             *speed_section(read_csv(files.get("speed.csv"))), "",
+             f"## Every agent on the device ({environment['smoke_steps']} loop steps)", "",
+             "Host synchronisations counted with CUDA's sync debug mode (benchmarks/gpu/syncs.py): one per "
+             "environment step is the action going to the environment.", "",
+             *smoke_section(read_csv(files.get("smoke.csv"))), "",
+             "## Several seeds in one process (--num-seeds)", "",
+             files["seeds.md"].read_text().strip() if "seeds.md" in files else "not measured", "",
+             "## Learning", ""]
+    if learning:
+        plot_curves(learning, curves)
+        lines += [*learning_section(learning, progress), f"![curves]({curves.name})"]
+    else:
+        lines.append("not measured")
+    args.out.write_text("\n".join(lines) + "\n")
+    return args.out
+
+
+if __name__ == "__main__":
+    print(f"wrote {write_page(tyro.cli(Args))}")

@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# Prepare the GPU run on a machine with registry access, from the repository's root (see README.md here):
+#   MINARI_DATASETS_PATH=DATA bash benchmarks/gpu/prepare.sh CLEANRL LEANRL [SHARED_GPU]
+# CLEANRL and LEANRL: checkouts (or bare git directories) of github.com/vwxyzjn/cleanrl and
+# github.com/pytorch-labs/LeanRL; SHARED_GPU: the project's gpu folder (default ../shared/gpu).
+# It fills two git-ignored folders that travel with the tree (name both in `carry`, 64 MiB in all):
+#   .gpu/  prefix.sh (installs the wheels on the GPU machine), commit.txt (this tree's commit), minari/ (the
+#          keelrl/hopper-medium-v0 dataset of the offline cells), ref/ (the reference scripts:
+#          cleanrl/{sac,td3}_continuous_action.py with the cleanrl_utils replay buffer they import, and
+#          leanrl/{sac,td3}_continuous_action_torchcompile.py; one line of LeanRL's SAC adapted, see below)
+#   .whl/  the Python 3.12 wheels the GPU machine lacks: the shared list, plus what LeanRL imports (torchrl and
+#          tensordict of torch 2.11's generation; wandb is not needed: benchmarks/gpu/reference.py stands in)
+set -euo pipefail
+cleanrl=${1:?give a CleanRL checkout} leanrl=${2:?give a LeanRL checkout} shared=${3:-../shared/gpu}
+dataset=keelrl/hopper-medium-v0
+test -d "${MINARI_DATASETS_PATH:?set it to the folder holding $dataset}/$dataset" \
+  || { echo "no $dataset under MINARI_DATASETS_PATH (python -m keelrl.benchmarks.make_datasets makes it)"; exit 1; }
+
+exclude=$(git rev-parse --git-path info/exclude)
+mkdir -p "$(dirname "$exclude")" .gpu/ref/cleanrl .gpu/ref/cleanrl_utils .gpu/ref/leanrl .gpu/minari/keelrl
+for ignored in /.gpu/ /.whl/; do grep -qx "$ignored" "$exclude" 2>/dev/null || echo "$ignored" >> "$exclude"; done
+cp "$shared"/prefix.sh "$shared"/fetch-wheels.sh .gpu/
+
+# the wheels: torchrl 0.12 is the release of torch 2.11's generation and asks for tensordict 0.12 (keelrl needs
+# neither), so the shared list's newer tensordict goes
+bash .gpu/fetch-wheels.sh torchrl==0.12.0 tensordict==0.12.4 orjson importlib_metadata zipp
+find .whl -name 'tensordict-*.whl' ! -name 'tensordict-0.12.4-*' -delete
+
+# one reference script: from a checkout's work tree, else from its HEAD (a bare mirror)
+copy() {
+  if [ -f "$1/$2" ]; then cp "$1/$2" "$3"; else git -C "$1" show "HEAD:$2" > "$3"; fi
+}
+for algo in sac td3; do
+  copy "$cleanrl" "cleanrl/${algo}_continuous_action.py" ".gpu/ref/cleanrl/${algo}_continuous_action.py"
+  copy "$leanrl" "leanrl/${algo}_continuous_action_torchcompile.py" \
+    ".gpu/ref/leanrl/${algo}_continuous_action_torchcompile.py"
+done
+for name in __init__ buffers; do copy "$cleanrl" "cleanrl_utils/$name.py" ".gpu/ref/cleanrl_utils/$name.py"; done
+# LeanRL's SAC wraps get_action, which returns (action, log-prob, mean), as a module with the one output "action";
+# tensordict refuses extra outputs since 0.9, so the copy's module keeps the action alone (what LeanRL used).
+sac=.gpu/ref/leanrl/sac_continuous_action_torchcompile.py
+sed -i 's/TensorDictModule(actor_detach.get_action, /TensorDictModule(lambda obs: actor_detach.get_action(obs)[0], /' "$sac"
+grep -q 'get_action(obs)\[0\]' "$sac" || { echo "LeanRL's SAC changed: adapt the policy module line by hand"; exit 1; }
+
+rm -rf ".gpu/minari/$dataset" && cp -r "$MINARI_DATASETS_PATH/$dataset" ".gpu/minari/$dataset"
+echo "$(git rev-parse --short HEAD)$(git diff --quiet HEAD || echo ' with uncommitted changes')" > .gpu/commit.txt
+du -shc .gpu .whl | tail -1 | awk '{print "carry size: " $1 " (at most 64 MiB)"}'

@@ -1,0 +1,100 @@
+"""The GPU run's scripts (benchmarks/gpu/) end to end on the CPU with --tiny: speed, evidence, the page."""
+
+import csv
+import dataclasses
+import json
+import textwrap
+
+import pytest
+
+from keelrl.benchmarks.gpu import evidence, page, speed
+
+# Stand-ins for the reference scripts, which live outside the repository: CleanRL's writes charts/SPS points to
+# TensorBoard (here at wall times of exactly 40 steps/s after the burn-in), LeanRL's prints its progress bar.
+FAKE_CLEANRL = """
+import sys
+from torch.utils.tensorboard import SummaryWriter
+
+writer = SummaryWriter("runs/fake")
+for step in range(100, 400, 100):
+    writer.add_scalar("charts/SPS", 1, step, walltime=1000.0 + step / 40)
+writer.close()
+"""
+FAKE_LEANRL = """
+import sys
+
+assert "--measure-burnin" in sys.argv
+print("\\r 55.0000 sps, global_step=200\\r 61.5000 sps, global_step=300", file=sys.stderr)
+"""
+
+
+def read(path):
+    with path.open() as file:
+        return list(csv.DictReader(file))
+
+
+@pytest.fixture
+def references(tmp_path):
+    for name, text in (("cleanrl/sac_continuous_action.py", FAKE_CLEANRL),
+                       ("leanrl/sac_continuous_action_torchcompile.py", FAKE_LEANRL)):
+        (tmp_path / "ref" / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / "ref" / name).write_text(textwrap.dedent(text))
+    (tmp_path / "commit.txt").write_text("abc1234\n")
+    return tmp_path / "ref"
+
+
+def test_window_rate_times_the_steps_after_the_burn_in():
+    points = [(100, 10.0), (200, 11.0), (300, 11.5), (400, 12.0)]
+    assert speed.window_rate(points, from_step=200) == pytest.approx(200 / 1.0)
+    with pytest.raises(ValueError, match="fewer than two"):
+        speed.window_rate(points, from_step=400)
+
+
+def test_tiny_run_on_the_cpu_gives_the_speed_table_the_smoke_runs_and_the_learning_page(references, tmp_path):
+    results = tmp_path / "results"
+    speed.main(speed.Args(out=results, device="cpu", references=references, algos=("sac",), tiny=True,
+                          smoke_agents=("sac",), seeds=0))
+    rows = {row["setting"]: row for row in read(results / "speed.csv") if row["algo"] == "sac"}
+    assert float(rows["eager"]["steps_per_s"]) > 0 and rows["eager"]["implementation"] == "keelrl"
+    cleanrl = next(row for row in read(results / "speed.csv") if row["implementation"] == "cleanrl")
+    assert float(cleanrl["steps_per_s"]) == pytest.approx(40.0)  # from step 150 (100 random + 50 burn-in) on
+    assert float(rows["torch.compile"]["steps_per_s"]) == 61.5  # LeanRL's own last figure
+    assert rows["--cudagraphs"]["note"] == "not measured: needs CUDA"
+    [smoke] = read(results / "smoke.csv")
+    assert (smoke["agent"], smoke["returncode"], smoke["steps"], smoke["error"]) == ("sac", "0", "120", "")
+    environment = json.loads((results / "environment.json").read_text())
+    assert environment["commit"] == "abc1234" and environment["tiny"]
+
+    runs = tmp_path / "evidence"
+    args = evidence.Args("run", runs_dir=runs, device="cpu", tiny=True, agents=("sac-scalar",))
+    evidence.run(args)
+    evidence.collect(dataclasses.replace(args, action="collect", out=results))
+    learning = read(results / "learning.csv")
+    assert sorted((int(row["seed"]), int(row["step"])) for row in learning) == \
+        [(seed, step) for seed in (1, 2, 3) for step in (100, 200, 300)]
+    assert all(row["normalized_score"] == "" and float(row["mean_return"]) > 0 for row in learning)
+    progress = read(results / "progress.csv")
+    assert [(row["agent"], row["state"], row["last_evaluation"], row["budget"]) for row in progress] == \
+        [("sac-scalar", "done", "300", "300")] * 3
+
+    written = page.write_page(page.Args(results=(results,), out=tmp_path / "gpu.md"))
+    text = written.read_text()
+    assert "A trial with --tiny" in text and "abc1234" in text
+    assert "| SAC | cleanrl | eager | 40.0 | 1.00× | 0.65× |" in text  # 40 / 61.5 = 0.65
+    assert "### gpu-evidence-online: at step 300" in text
+    assert (tmp_path / "gpu_curves.png").stat().st_size > 0
+
+
+def test_learning_table_compares_at_the_step_every_cell_reached():
+    progress = [dict(grid="g", agent=agent, task="t", seed=seed, state="resume", last_step=last, last_evaluation=ev,
+                     budget="100000") for agent, seed, last, ev in
+                [("cql", 1, "12000", "10000"), ("cql", 2, "9000", "5000"), ("iql", 1, "16000", "15000")]]
+    learning = [dict(grid="g", agent=agent, task="t", seed=seed, step=step, mean_return="0", normalized_score=score)
+                for agent, seed, step, score in
+                [("cql", 1, 5000, "40"), ("cql", 1, 10000, "50"), ("cql", 2, 5000, "30"), ("iql", 1, 5000, "44"),
+                 ("iql", 1, 10000, "60")]]
+    lines = page.learning_section(learning, progress)
+    assert lines[0] == "### g: at step 5,000 (the last evaluation every cell reached)"
+    assert "| cql | 35.0 ± 5.0 | 2 | 12,000, 9,000 (100,000) |" in lines
+    assert "| iql | 44.0 ± 0.0 | 1 | 16,000 (100,000) |" in lines
+    assert f"| behaviour policy (the dataset) | {page.BEHAVIOUR_SCORE} | | |" in lines
