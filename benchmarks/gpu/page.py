@@ -178,7 +178,10 @@ def write_page(args: Args) -> Path:
              f"One run at a time on the quiet GPU: {environment['learning_starts']:,} random steps, then one update "
              f"per step; the rate over the last {environment['timed_steps']:,} steps after {environment['burn_in']:,}"
              " burn-in update steps (compilation, CUDA-graph capture). Batch 256, 256-256 networks, one torch "
-             "thread, seed 1 (benchmarks/gpu/speed.py).", "",
+             "thread, seed 1 (benchmarks/gpu/speed.py). CleanRL's and LeanRL's scripts run as published on "
+             "gymnasium 1.x through benchmarks/gpu/reference.py, but one line of LeanRL's SAC: its policy module "
+             "keeps the action of get_action alone (tensordict 0.12 refuses the two outputs it leaves unnamed; "
+             "benchmarks/gpu/prepare.sh).", "",
              *speed_section(read_csv(files.get("speed.csv"))), "",
              f"## Every agent on the device ({environment['smoke_steps']} loop steps)", "",
              "Host synchronisations counted with CUDA's sync debug mode (benchmarks/gpu/syncs.py): one per "
