@@ -29,8 +29,8 @@ BEHAVIOUR_SCORE = 34.3
 """keelrl/hopper-medium-v0's behaviour policy, normalised (benchmarks/results/offline.md)"""
 COMMANDS = (
     "bash benchmarks/gpu/prepare.sh CLEANRL_CHECKOUT LEANRL_CHECKOUT      # on the CPU machine",
-    "source .gpu/prefix.sh && python -m keelrl.benchmarks.gpu.speed --out $OUT "
-    "&& python -m keelrl.benchmarks.gpu.evidence start",
+    "source .gpu/prefix.sh && { python -m keelrl.benchmarks.gpu.speed --out $OUT; "
+    "python -m keelrl.benchmarks.gpu.evidence start; }",
     "source .gpu/prefix.sh && python -m keelrl.benchmarks.gpu.evidence collect --out $OUT --wait-minutes W",
 )
 
