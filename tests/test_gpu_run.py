@@ -98,3 +98,23 @@ def test_learning_table_compares_at_the_step_every_cell_reached():
     assert "| cql | 35.0 ± 5.0 | 2 | 12,000, 9,000 (100,000) |" in lines
     assert "| iql | 44.0 ± 0.0 | 1 | 16,000 (100,000) |" in lines
     assert f"| behaviour policy (the dataset) | {page.BEHAVIOUR_SCORE} | | |" in lines
+
+
+def test_sync_counting_counts_the_sync_warnings_by_line_and_passes_the_others_on(monkeypatch, recwarn):
+    import warnings
+
+    from keelrl.benchmarks.gpu import syncs
+
+    def agent_script(module, run_name, alter_sys):  # stands in for a keelrl agent on a GPU
+        assert module == "keelrl.agents.sac" and run_name == "__main__"
+        for _ in range(3):
+            warnings.warn("called a synchronizing CUDA operation")
+        warnings.warn("something else")
+        raise SystemExit(0)
+
+    monkeypatch.setattr(syncs.runpy, "run_module", agent_script)
+    code, counts = syncs.run_counting("sac", ["--env-id", "Hopper-v5"])
+    assert code == 0 and list(counts.values()) == [3]
+    [where] = counts
+    assert where.startswith("tests/test_gpu_run.py:")  # relative to the package
+    assert [str(w.message) for w in recwarn] == ["something else"]

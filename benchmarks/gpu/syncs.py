@@ -86,6 +86,7 @@ def run_counting(agent: str, argv: list[str]) -> tuple[int, collections.Counter]
     finally:
         if torch.cuda.is_available():
             torch.cuda.set_sync_debug_mode(0)
+        warnings.showwarning = show
     return code, counts
 
 
