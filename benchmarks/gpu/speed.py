@@ -95,6 +95,8 @@ SETTINGS = (
 REFERENCE_SCRIPTS = {"cleanrl": "cleanrl/{algo}_continuous_action.py",
                      "leanrl": "leanrl/{algo}_continuous_action_torchcompile.py"}
 SPEED_FIELDS = ("algo", "implementation", "setting", "steps_per_s", "note", "command")
+WARM_UP_SECONDS, SMOKE_SECONDS = 180, 150
+"""how long the compile warm-up runs and the smoke runs may take (they run at the same time, before the timed runs)"""
 SEEDS_MINUTES = 1.5
 """what part 3 may take: it starts only this long before the deadline"""
 SMOKE_FIELDS = ("agent", "returncode", "steps", "syncs", "syncs_per_step", "top_locations", "error")
@@ -175,6 +177,18 @@ def start_run(args: Args, algo: str, setting: Setting, total: int, folder: Path)
     return process, shown(command, str(folder))
 
 
+def stop(process: subprocess.Popen, until: float) -> str:
+    """Wait for `process` until `until` (time.monotonic()); kill it if it is still running then. '' if it ended
+    by itself."""
+    try:
+        process.wait(timeout=max(until - time.monotonic(), 0))
+        return ""
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+        return "killed: still running at its time limit"
+
+
 def last_error(process: subprocess.Popen, stderr: str) -> str:
     """'' when `process` ended well, else the last line it wrote to stderr."""
     return "" if process.returncode == 0 else (stderr.strip().splitlines() or [f"exit {process.returncode}"])[-1]
@@ -184,18 +198,18 @@ def measure(args: Args, algo: str, setting: Setting, folder: Path, stop_at: floa
     """(steps/s over the timed window or None, a note, the command) of one run of `setting`, alone; a run still
     going at `stop_at` (time.monotonic()) is stopped and not measured."""
     process, command = start_run(args, algo, setting, args.learning_starts + args.burn_in + args.timed_steps, folder)
-    try:
-        process.wait(timeout=max(stop_at - time.monotonic(), 0))
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait()
+    if stop(process, stop_at):
         return None, "not measured: still running a minute after the deadline", command
     stderr = (folder / "stderr.txt").read_text()
     if process.returncode != 0:
         return None, f"failed: {last_error(process, stderr)}", command
     if setting.implementation == "leanrl":
-        return float(re.findall(r"([\d.]+) sps", stderr)[-1]), "", command
-    return window_rate(tensorboard_points(folder), args.learning_starts + args.burn_in), "", command
+        rates = re.findall(r"([\d.]+) sps", stderr)
+        return (float(rates[-1]), "", command) if rates else (None, "failed: no 'sps' in its output", command)
+    try:
+        return window_rate(tensorboard_points(folder), args.learning_starts + args.burn_in), "", command
+    except ValueError as error:
+        return None, f"failed: {error}", command
 
 
 def warm_up_compiled(args: Args, settings: list[tuple[str, Setting]], scratch: Path) -> list[subprocess.Popen]:
@@ -216,10 +230,10 @@ def speed_rows(args: Args, deadline: float, scratch: Path) -> list[dict]:
     """Part 1 (with part 2 beside its warm-up): every setting's steps/s, one run at a time, into speed.csv."""
     settings = [(algo, setting) for algo in args.algos for setting in SETTINGS]
     runnable = [(algo, setting) for algo, setting in settings if not unavailable(args, algo, setting)]
-    warm_up = warm_up_compiled(args, runnable, scratch)
+    warm_up, until = warm_up_compiled(args, runnable, scratch), time.monotonic() + WARM_UP_SECONDS
     smoke_rows(args, scratch / "smoke")
     for process in warm_up:
-        process.wait()
+        stop(process, until)
     rows = []
     for i, (algo, setting) in enumerate(settings):
         row = dict(algo=algo, implementation=setting.implementation, setting=setting.name, steps_per_s="",
@@ -241,19 +255,21 @@ def smoke_rows(args: Args, scratch: Path) -> list[dict]:
     scratch.mkdir(parents=True)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MINARI_DATASETS_PATH": str(args.datasets.resolve())}
 
-    def run(agent: str, *extra: str) -> Callable[[], str]:
-        """Start `agent`'s smoke run; a function that waits for it and returns its last line of errors."""
+    def run(agent: str, until: float, *extra: str) -> Callable[[], str]:
+        """Start `agent`'s smoke run; a function that waits for it until `until` and returns its error line."""
         command = smoke_command(agent, args.smoke_steps, args.device, scratch / agent, scratch / f"{agent}.json",
                                 *extra)
         with (scratch / f"{agent}.stderr").open("w") as stderr:
             process = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=stderr)
-        return lambda: last_error(process, (scratch / f"{agent}.stderr").read_text()) if process.wait() else ""
+        return lambda: stop(process, until) or last_error(process, (scratch / f"{agent}.stderr").read_text())
 
-    waits = {agent: run(agent) for agent in args.smoke_agents if agent != "wsrl"}
+    until = time.monotonic() + SMOKE_SECONDS
+    waits = {agent: run(agent, until) for agent in args.smoke_agents if agent != "wsrl"}
     errors = {agent: wait() for agent, wait in waits.items()}
     if "wsrl" in args.smoke_agents:
         pretrained = next((scratch / "cql").glob("*/config.json"), None)
-        errors["wsrl"] = run("wsrl", "--pretrained", str(pretrained.parent))() if pretrained else "no CQL run"
+        errors["wsrl"] = (run("wsrl", time.monotonic() + SMOKE_SECONDS / 2, "--pretrained", str(pretrained.parent))()
+                          if pretrained else "no CQL run")
     rows = []
     for agent in args.smoke_agents:
         report = scratch / f"{agent}.json"
@@ -291,7 +307,10 @@ def main(args: Args) -> None:
     with tempfile.TemporaryDirectory() as scratch:
         speed_rows(args, deadline, Path(scratch))
     if args.seeds and time.monotonic() < deadline - SEEDS_MINUTES * 60:
-        seeds_table(args)
+        try:
+            seeds_table(args)
+        except (subprocess.CalledProcessError, RuntimeError, AssertionError) as error:
+            (args.out / "seeds.md").write_text(f"failed: {error}\n")
 
 
 if __name__ == "__main__":
