@@ -87,8 +87,7 @@ def start(args: Args) -> None:
 
 def run(args: Args) -> None:
     os.environ["MINARI_DATASETS_PATH"] = str(args.datasets.resolve())
-    grid_list = grids(args)
-    leaderboard.run_grids(grid_list, args.runs_dir, workers=len(cells(args)))
+    leaderboard.run_grids(grids(args), args.runs_dir, workers=len(cells(args)))
 
 
 def evaluations(cell: leaderboard.Cell) -> list[dict]:
@@ -131,6 +130,8 @@ def collect(args: Args) -> None:
 
 
 def main(args: Args) -> None:
+    if args.action == "collect" and args.out is None:
+        raise SystemExit("collect writes its files into --out: give it (on the GPU machine: --out $OUT)")
     {"start": start, "run": run, "collect": collect}[args.action](args)
 
 
