@@ -349,7 +349,8 @@ def train(config: SACConfig) -> TrainResult:
             if config.normalize_obs:
                 agent.obs_norm.update(torch.as_tensor(obs))
             if global_step < config.learning_starts:
-                actions = action_rng.uniform(low, high, (config.num_envs, *low.shape)).astype(np.float32)  # a seed group: (S, N, A)
+                # (N, A); a seed group's generators draw one (N, A) block per seed: (S, N, A)
+                actions = action_rng.uniform(low, high, (config.num_envs, *low.shape)).astype(np.float32)
             else:
                 actions = agent.act(obs)
             next_obs, rewards, terminated, truncated, info = env.step(actions)

@@ -14,7 +14,6 @@ lines of the leaderboard's log. Collect again later for more; the cells keep run
 
 from __future__ import annotations
 
-import csv
 import dataclasses
 import json
 import os
@@ -27,7 +26,9 @@ from typing import Literal
 import tyro
 
 from keelrl.benchmarks import leaderboard
+from keelrl.benchmarks.aggregate import read_csv_rows
 from keelrl.benchmarks.gpu.speed import tensorboard_points, write_csv
+from keelrl.buffers import normalized_score
 
 GRIDS = ("gpu-evidence-online", "gpu-evidence-offline")
 TINY_STEPS, TINY_EVAL_FREQ = 300, 100
@@ -96,12 +97,11 @@ def evaluations(cell: leaderboard.Cell) -> list[dict]:
     rows = []
     for path in sorted(cell.cell_dir.glob("*/eval.csv")):
         references = path.parent / "dataset.json"
-        low, high = json.loads(references.read_text())["ref_scores"] if references.is_file() else (None, None)
-        with path.open() as file:
-            for row in csv.DictReader(file):
-                mean = float(row["mean_return"])
-                rows.append(dict(step=int(row["global_step"]), mean_return=f"{mean:.1f}",
-                                 normalized_score="" if low is None else f"{100 * (mean - low) / (high - low):.1f}"))
+        scores = json.loads(references.read_text())["ref_scores"] if references.is_file() else None
+        for row in read_csv_rows(path):
+            mean = float(row["mean_return"])
+            rows.append(dict(step=int(row["global_step"]), mean_return=f"{mean:.1f}",
+                             normalized_score="" if scores is None else f"{normalized_score(mean, *scores):.1f}"))
     return rows
 
 

@@ -13,7 +13,6 @@ the dataset; the curves go into a PNG beside the page.
 
 from __future__ import annotations
 
-import csv
 import dataclasses
 import json
 import statistics
@@ -21,6 +20,8 @@ from collections import defaultdict
 from pathlib import Path
 
 import tyro
+
+from keelrl.benchmarks.aggregate import read_csv_rows
 
 PUBLISHED_HOPPER_100K = {"SimbaV2 (UTD 2)": 2821, "SAC": 1103}
 """Hopper-v4 mean return at 100k steps, 10 seeds: the SimbaV2 repository's results/baseline/*.csv (REFERENCES.md,
@@ -49,10 +50,8 @@ def read_files(folders: tuple[Path, ...]) -> dict[str, Path]:
 
 
 def read_csv(path: Path | None) -> list[dict]:
-    if path is None:
-        return []
-    with path.open() as file:
-        return list(csv.DictReader(file))
+    """The rows of a result file ([] when the run brought none back)."""
+    return [] if path is None else read_csv_rows(path)
 
 
 def speed_section(rows: list[dict]) -> list[str]:
