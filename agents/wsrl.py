@@ -213,8 +213,9 @@ class WSRL(SavedAgent):
         self.num_updates += 1
         return losses
 
-    def critic_loss(self, batch: Batch) -> torch.Tensor:
-        """The TD loss summed over critics, against r + γ(1 − terminated) min_{j∈S} Q'_j(s', a'), a' ~ π(·|s')."""
+    def critic_loss(self, batch: Batch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """The TD loss summed over critics, against r + γ(1 − terminated) min_{j∈S} Q'_j(s', a'), a' ~ π(·|s'); the
+        logged per-critic TD loss, Q-values and targets (their divergence is the collapse the warm-up prevents)."""
         with torch.no_grad():
             next_actions, next_log_prob = self.actor.sample(batch.next_obs)
             members = random_members(self.config.num_critics, self.config.critic_subset_size, batch.rewards.device)
@@ -223,7 +224,9 @@ class WSRL(SavedAgent):
                 next_q = next_q - self.alpha * next_log_prob
             target = batch.rewards + batch.discounts * (1.0 - batch.terminated) * next_q
         q_data = self.critic(batch.obs, batch.actions)[..., 0]  # (E, B)
-        return (q_data - target).pow(2).mean(dim=1).sum()
+        td_loss = (q_data - target).pow(2).mean(dim=1).sum()
+        return td_loss, {"losses/qf_loss": td_loss.detach() / self.config.num_critics,
+                         "losses/qf_values": q_data.detach().mean(), "losses/qf_targets": target.mean()}
 
     def actor_and_alpha_losses(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The actor's loss α log π(a|s) − min_i Q_i(s, a), a ~ π(·|s), over every critic (agents/continuous/
@@ -236,9 +239,9 @@ class WSRL(SavedAgent):
         return actor_loss, alpha_loss
 
     def update_critic(self, batch: Batch) -> dict[str, torch.Tensor]:
-        critic_loss = self.critic_loss(batch)
+        critic_loss, logged = self.critic_loss(batch)
         optimizer_step(self.optimizers["critic"], critic_loss, self.critic)
-        return {"losses/qf_loss": critic_loss.detach() / self.config.num_critics}
+        return logged
 
     def update_actor_and_alpha(self, obs: torch.Tensor) -> dict[str, torch.Tensor]:
         actor_loss, alpha_loss = self.actor_and_alpha_losses(obs)

@@ -103,7 +103,9 @@ def test_redq_targets_take_the_minimum_over_the_drawn_subset_of_critics():
         minimum = subset_minimum(seed, draws_before=6)  # a' ~ π(s'): one normal per state and action dimension
         minima.append(minimum)
         torch.manual_seed(seed)  # the critics output 0: the TD loss is 5 critics × (0.5 · min)²
-        torch.testing.assert_close(wsrl.critic_loss(batch), torch.tensor(5 * (0.5 * minimum) ** 2))
+        wsrl_loss, logged = wsrl.critic_loss(batch)
+        torch.testing.assert_close(wsrl_loss, torch.tensor(5 * (0.5 * minimum) ** 2))
+        assert logged["losses/qf_values"] == 0.0 and logged["losses/qf_targets"] == 0.5 * minimum
         torch.manual_seed(seed)  # SAC draws its noise and subset as its update does, then takes them in
         noise = sac.random.normal(6, 1)
         sac_loss, _ = sac.critic_loss(batch, noise, sac.random.members(5, 2))
