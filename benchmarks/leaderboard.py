@@ -43,14 +43,16 @@ Grid files (TOML) — see benchmarks/grids/online-small.toml:
 
 An entry may start from another entry's finished runs (offline-to-online fine-tuning, see
 benchmarks/grids/cpu-evidence-wsrl.toml): `pretrained = "cql-wsrl"` gives each of its cells the run directory of
-that entry's cell with the same task and seed as --pretrained, and runs it once that cell is done (cells run in
-waves: those with nothing to wait for, then those whose runs to start from have finished); `task_flag = ""`
-passes no task flag (the run it starts from names the task).
+that entry's cell with the same task and seed as --pretrained, and runs it once that cell is done: a cell starts
+whenever a worker is free, cells whose runs to start from have finished before cells that start from nothing, so
+each seed's chain ends as early as it can; `task_flag = ""` passes no task flag (the run it starts from names the
+task).
 """
 
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import dataclasses
 import json
 import os
@@ -449,42 +451,73 @@ def run_agent_process(command: list[str], log_path: str, mode: str) -> dict[str,
 Job = tuple[Cell, str, list[str]]  # (cell, "new" | "resume", command)
 
 
-def _run_locally(jobs: list[Job], workers: int, on_done: Callable[[Job, dict], None]) -> None:
-    pool = concurrent.futures.ThreadPoolExecutor(max_workers=workers)
-    futures = {pool.submit(run_agent_process, command, str(cell.cell_dir / LOG_FILE), mode): (cell, mode, command)
-               for cell, mode, command in jobs}
-    try:
-        for future in concurrent.futures.as_completed(futures):
-            on_done(futures[future], future.result())
-    except KeyboardInterrupt:
-        pool.shutdown(wait=True, cancel_futures=True)  # running agents got the Ctrl-C too and write a checkpoint
-        raise
-    pool.shutdown()
+class LocalWorkers:
+    """At most `workers` agent processes at once, each watched by a thread of this process."""
+
+    def __init__(self, workers: int):
+        self.capacity = workers
+        self.running: dict[concurrent.futures.Future, Job] = {}
+
+    def __enter__(self) -> LocalWorkers:
+        self.pool = concurrent.futures.ThreadPoolExecutor(max_workers=self.capacity)
+        return self
+
+    def start(self, job: Job) -> None:
+        cell, mode, command = job
+        self.running[self.pool.submit(run_agent_process, command, str(cell.cell_dir / LOG_FILE), mode)] = job
+
+    def next_finished(self) -> tuple[Job, dict[str, Any]]:
+        done, _ = concurrent.futures.wait(self.running, return_when=concurrent.futures.FIRST_COMPLETED)
+        future = next(iter(done))
+        return self.running.pop(future), future.result()
+
+    def __exit__(self, *_: Any) -> None:
+        self.pool.shutdown(wait=True)  # on Ctrl-C the running agents got it too: wait for their checkpoints
 
 
-def _run_on_ray(jobs: list[Job], address: str, workers: int, on_done: Callable[[Job, dict], None]) -> None:
-    try:
-        import ray
-    except ImportError:
-        raise ValueError("--ray needs Ray: pip install 'keelrl[ray]' (or pip install ray).") from None
-    started_here = not ray.is_initialized()
-    if started_here:
-        if address == "local":
-            ray.init(num_cpus=workers, include_dashboard=False, log_to_driver=False)
-        else:
-            ray.init(address=address, log_to_driver=False)
-    remote_run = ray.remote(num_cpus=1)(run_agent_process)  # one CPU per cell: agents use one torch thread
-    pending = {remote_run.remote(command, str(cell.cell_dir.resolve() / LOG_FILE), mode): (cell, mode, command)
-               for cell, mode, command in jobs}
-    try:
-        while pending:
-            (ready,), _ = ray.wait(list(pending), num_returns=1)
-            on_done(pending.pop(ready), ray.get(ready))
-    finally:
-        for task in pending:
-            ray.cancel(task)
-        if started_here:
-            ray.shutdown()
+class RayWorkers:
+    """Agent processes as Ray tasks of one CPU each (agents use one torch thread); Ray queues what does not fit, so
+    every job is started at once."""
+
+    capacity = sys.maxsize
+
+    def __init__(self, address: str, workers: int):
+        try:
+            import ray
+        except ImportError:
+            raise ValueError("--ray needs Ray: pip install 'keelrl[ray]' (or pip install ray).") from None
+        self.ray, self.address, self.workers = ray, address, workers
+        self.running: dict[Any, Job] = {}
+
+    def __enter__(self) -> RayWorkers:
+        self.started_here = not self.ray.is_initialized()
+        if self.started_here:
+            if self.address == "local":
+                self.ray.init(num_cpus=self.workers, include_dashboard=False, log_to_driver=False)
+            else:
+                self.ray.init(address=self.address, log_to_driver=False)
+        self.remote_run = self.ray.remote(num_cpus=1)(run_agent_process)
+        return self
+
+    def start(self, job: Job) -> None:
+        cell, mode, command = job
+        self.running[self.remote_run.remote(command, str(cell.cell_dir.resolve() / LOG_FILE), mode)] = job
+
+    def next_finished(self) -> tuple[Job, dict[str, Any]]:
+        (ready,), _ = self.ray.wait(list(self.running), num_returns=1)
+        return self.running.pop(ready), self.ray.get(ready)
+
+    def __exit__(self, *_: Any) -> None:
+        for task in self.running:
+            self.ray.cancel(task)
+        if self.started_here:
+            self.ray.shutdown()
+
+
+def ready_first(pending: list[Cell]) -> list[Cell]:
+    """The cells that can start now, fine-tuning cells (their runs to start from have finished) before the cells
+    that start from nothing, each in grid order: a seed's offline-to-online chain completes as early as it can."""
+    return sorted((cell for cell in pending if not cell.waiting()), key=lambda cell: cell.pretrained is None)
 
 
 def run_grids(
@@ -540,18 +573,19 @@ def run_grids(
             log(f"[{finished}/{total}] {cell.agent.name} {cell.task.id} seed {cell.seed}: {status}, "
                 f"{outcome['wall_s'] / 60:.1f} min")
 
-    # in waves: the cells with nothing to wait for, then those whose runs to fine-tune finished meanwhile
-    while wave := [cell for cell in pending if not cell.waiting()]:
-        batches = seed_batches(wave, batch_seeds)
-        batch_of.update({batch[0].cell_dir: batch for batch in batches})
-        jobs = [(batch[0], batch[0].state()[0], batch[0].command(track, len(batch))) for batch in batches]
-        for cell in wave:
-            cell.prepare()
-        if ray_address:
-            _run_on_ray(jobs, ray_address, workers, on_done)
-        else:
-            _run_locally(jobs, workers, on_done)
-        pending = [cell for cell in pending if cell not in wave]
+    # a process starts whenever a worker is free and a cell can start (its run to fine-tune has finished)
+    pool = RayWorkers(ray_address, workers) if ray_address else LocalWorkers(workers)
+    with pool if pending else contextlib.nullcontext():
+        while pending or pool.running:
+            for batch in seed_batches(ready_first(pending), batch_seeds)[:pool.capacity - len(pool.running)]:
+                batch_of[batch[0].cell_dir] = batch
+                for cell in batch:
+                    cell.prepare()
+                pool.start((batch[0], batch[0].state()[0], batch[0].command(track, len(batch))))
+                pending = [cell for cell in pending if cell not in batch]
+            if not pool.running:
+                break
+            on_done(*pool.next_finished())
     for cell in pending:
         log(f"not run: {cell.agent.name} {cell.task.id} seed {cell.seed}, as {cell.pretrained.agent.name} seed "
             f"{cell.seed} did not finish")

@@ -249,8 +249,9 @@ def test_grid_files_are_checked(tmp_path):
 
 
 def test_a_fine_tuning_entry_waits_for_and_starts_from_the_run_of_its_seed(tmp_path):
-    """`pretrained`: the WSRL cells run after the CQL cell of their seed, in a second wave, each given that run's
-    directory; cell.json records their options without it; a second invocation runs nothing."""
+    """`pretrained`: each WSRL cell runs once the CQL cell of its seed has finished, before cells that start from
+    nothing (one worker: CQL 1, WSRL 1, CQL 2, WSRL 2), and is given that run's directory; cell.json records their
+    options without it; a second invocation runs nothing."""
     rng = np.random.default_rng(0)
     data = collect(TASK, lambda obs: rng.uniform(-3, 3, (len(obs), 1)), 300, 2, seed=0)
     np.savez(tmp_path / "pendulum.npz", **data)
@@ -267,16 +268,18 @@ def test_a_fine_tuning_entry_waits_for_and_starts_from_the_run_of_its_seed(tmp_p
     leaderboard.run_grids([grid], tmp_path / "runs", dry_run=True, log=messages.append)
     assert "0 to resume, 4 to start (2 once the runs they fine-tune finish)" in messages[0]
     assert messages[-1].startswith("waits for cql-tiny") and messages[-1].endswith("seed 2: wsrl-tiny")
-    results = leaderboard.run_grids([grid], tmp_path / "runs", workers=2, log=messages.append)
+    results = leaderboard.run_grids([grid], tmp_path / "runs", workers=1, log=messages.append)
     assert [(r.label, r.seed, r.status, r.budget) for r in results] == [
         ("cql-tiny", 1, "done", 20), ("cql-tiny", 2, "done", 20), ("wsrl-tiny", 1, "done", 40),
         ("wsrl-tiny", 2, "done", 40)]
     cells = leaderboard.expand(grid, tmp_path / "runs")
-    cql_ends = [attempt["start_time"] + attempt["wall_s"] for cell in cells[:2]
-                for attempt in cell.record()["attempts"]]
+    (cql_1, cql_2, wsrl_1, wsrl_2) = [cell.record()["attempts"] for cell in cells]
+    assert [len(attempts) for attempts in (cql_1, cql_2, wsrl_1, wsrl_2)] == [1, 1, 1, 1]
+    starts = [attempts[0]["start_time"] for attempts in (cql_1, wsrl_1, cql_2, wsrl_2)]
+    assert starts == sorted(starts)  # seed 1's fine-tuning went before seed 2's pre-training
+    assert wsrl_1[0]["start_time"] >= cql_1[0]["start_time"] + cql_1[0]["wall_s"]
     for cql_cell, wsrl_cell, cql_result, wsrl_result in zip(cells[:2], cells[2:], results[:2], results[2:]):
         assert wsrl_cell.pretrained == cql_cell
-        assert wsrl_cell.record()["attempts"][0]["start_time"] >= max(cql_ends)  # the second wave
         assert "--pretrained" not in wsrl_cell.record()["args"] and "--dataset" not in wsrl_cell.record()["args"]
         config = json.loads((Path(wsrl_result.run_dir) / "config.json").read_text())["config"]
         assert Path(config["pretrained"]) == Path(cql_result.run_dir).resolve() and config["seed"] == cql_cell.seed
