@@ -31,6 +31,8 @@ class Args:
     """the leaderboard's --runs-dir"""
     early: int = 10_000
     """online steps of the early window (its lowest evaluation is reported, and the zoomed panel shows it)"""
+    late: int = 10_000
+    """online steps before each run's last evaluation whose evaluations are averaged (steadier than the last alone)"""
     bin: int = 1_000
     """steps per bin of the zoomed panel's training returns"""
     curves: Path | None = None
@@ -79,11 +81,19 @@ def mean_std(values: list[float], refs: tuple[float, float] | None) -> str:
     return text
 
 
-def online_table(groups: dict[str, list[Curves]], refs: tuple[float, float] | None, early: int) -> list[str]:
+def late_mean(curves: Curves, late: int) -> float:
+    """The mean of the run's evaluations from `late` steps before its last one to the last one."""
+    last_step = curves.evals[-1][0]
+    return float(np.mean([value for step, value in curves.evals if step >= last_step - late]))
+
+
+def online_table(groups: dict[str, list[Curves]], refs: tuple[float, float] | None, early: int,
+                 late: int) -> list[str]:
     """Per fine-tuning or online entry: seeds, the evaluation at step 0, the lowest in the first `early` steps, at
-    `early`, and the last; return (normalised score), mean ± std over seeds."""
+    `early`, the last, and the mean of each run's evaluations over its last `late` steps; return (normalised score),
+    mean ± std over seeds."""
     header = ["entry", "seeds", "online step 0", f"lowest in steps 0–{early // 1000}k", f"at {early // 1000}k",
-              "last evaluation", "last step"]
+              "last evaluation", f"mean over the last {late // 1000}k", "last step"]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for name, runs in groups.items():
         lowest = [min(v for s, v in run.evals if s <= early) for run in runs]
@@ -91,7 +101,7 @@ def online_table(groups: dict[str, list[Curves]], refs: tuple[float, float] | No
         lines.append("| " + " | ".join([
             name, str(len(runs)), mean_std([at_step(run, 0) for run in runs], refs), mean_std(lowest, refs),
             mean_std([at_step(run, early) for run in runs], refs), mean_std([run.evals[-1][1] for run in runs], refs),
-            ", ".join(map(str, last_steps))]) + " |")
+            mean_std([late_mean(run, late) for run in runs], refs), ", ".join(map(str, last_steps))]) + " |")
     return lines
 
 
@@ -132,7 +142,7 @@ def draw(groups: dict[str, list[Curves]], early: int, bin_steps: int, path: Path
     plt.close(fig)
 
 
-def summary(grid: Grid, runs_dir: Path, early: int, bin_steps: int, curves_png: Path | None) -> list[str]:
+def summary(grid: Grid, runs_dir: Path, early: int, late: int, bin_steps: int, curves_png: Path | None) -> list[str]:
     """The page's lines: the pre-training's last evaluations, then the online table (and the curves' PNG)."""
     cells = expand(grid, runs_dir)
     sources = {cell.pretrained.agent.name for cell in cells if cell.pretrained is not None}
@@ -160,7 +170,7 @@ def summary(grid: Grid, runs_dir: Path, early: int, bin_steps: int, curves_png: 
     scored = "" if refs is None else (f" (normalised score with the dataset's references {refs[0]:.1f}, "
                                       f"{refs[1]:.1f})")
     lines += ["", f"Online: evaluation return{scored}, mean ± std over seeds", ""]
-    lines += online_table(groups, refs, early)
+    lines += online_table(groups, refs, early, late)
     if curves_png is not None:
         draw(groups, early, bin_steps, curves_png)
     return lines
@@ -168,4 +178,4 @@ def summary(grid: Grid, runs_dir: Path, early: int, bin_steps: int, curves_png: 
 
 if __name__ == "__main__":
     args = tyro.cli(Args)
-    print("\n".join(summary(load_grid(args.grid), args.runs_dir, args.early, args.bin, args.curves)))
+    print("\n".join(summary(load_grid(args.grid), args.runs_dir, args.early, args.late, args.bin, args.curves)))
