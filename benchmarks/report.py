@@ -8,6 +8,7 @@ import dataclasses
 import os
 import platform
 import subprocess
+import textwrap
 import time
 from pathlib import Path
 
@@ -231,7 +232,7 @@ def plot_curves(path: Path, family: str, results: list[RunResult]) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    tasks = list(dict.fromkeys(r.task for r in results))
+    tasks = list(dict.fromkeys(r.task for r in results if r.curve))  # a task no run has evaluated yet gets no panel
     cols = min(3, len(tasks))
     rows = (len(tasks) + cols - 1) // cols
     fig, axes = plt.subplots(rows, cols, figsize=(5 * cols, 3.6 * rows), squeeze=False)
@@ -246,7 +247,7 @@ def plot_curves(path: Path, family: str, results: list[RunResult]) -> None:
             ax.plot(steps, mean, label=f"{label} ({len(curves)} seeds)")
             ax.fill_between(steps, mean - std, mean + std, alpha=0.25)
         ax.set_title(task)
-        ax.set_xlabel(BUDGET_UNITS.get(family, "environment steps"))
+        ax.set_xlabel("\n".join(textwrap.wrap(BUDGET_UNITS.get(family, "environment steps"), 45)))
         ax.set_ylabel("held-out greedy reward" if family == "rlvr" else "evaluation return")
         ax.legend(fontsize=8)
         ax.grid(alpha=0.3)

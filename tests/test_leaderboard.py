@@ -509,3 +509,18 @@ def test_runs_of_the_committed_tables_are_taken_not_run_again(tmp_path):
     fresh = ["--runs-dir", str(tmp_path / "fresh"), "--from-committed", "--dry-run"]
     assert leaderboard.main([*common, *changed, "--seeds", "1", *fresh]) == 2  # refused, nothing run
     assert not (tmp_path / "fresh").exists()
+
+
+def test_curves_get_one_panel_per_task_some_run_has_evaluated(tmp_path):
+    """A task whose runs have not evaluated yet (a partial page) gets no empty panel: each panel is 500 px wide."""
+    from PIL import Image
+
+    from keelrl.benchmarks.report import plot_curves
+
+    def result(task: str, seed: int, curve: list[tuple[int, float]]) -> RunResult:
+        return RunResult("offline-to-online", "entry", "wsrl", task, seed, 100, "unfinished", curve=curve)
+
+    evaluated = [result("keelrl/hopper-medium-v0", seed, [(0, 1.0), (50, 2.0)]) for seed in (1, 2)]
+    plot_curves(tmp_path / "partial.png", "offline-to-online", [*evaluated, result("Hopper-v5", 1, [])])
+    plot_curves(tmp_path / "both.png", "offline-to-online", [*evaluated, result("Hopper-v5", 1, [(0, 1.0)])])
+    assert Image.open(tmp_path / "partial.png").width == 500 and Image.open(tmp_path / "both.png").width == 1000
