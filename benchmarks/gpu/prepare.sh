@@ -20,6 +20,9 @@ exclude=$(git rev-parse --git-path info/exclude)
 mkdir -p "$(dirname "$exclude")" .gpu/ref/cleanrl .gpu/ref/cleanrl_utils .gpu/ref/leanrl .gpu/minari/keelrl
 for ignored in /.gpu/ /.whl/; do grep -qx "$ignored" "$exclude" 2>/dev/null || echo "$ignored" >> "$exclude"; done
 cp "$shared"/prefix.sh "$shared"/fetch-wheels.sh .gpu/
+# the GPU machine has no libEGL: with MUJOCO_GL=egl `import mujoco` fails (AttributeError, not ImportError);
+# no GPU step renders, so rendering is switched off
+sed -i 's/MUJOCO_GL=egl/MUJOCO_GL=disable/' .gpu/prefix.sh
 
 # the wheels: torchrl 0.12 is the release of torch 2.11's generation and asks for tensordict 0.12 (keelrl needs
 # neither), so the shared list's newer tensordict goes
