@@ -59,6 +59,7 @@ from keelrl.networks import (
     validate_network_options,
 )
 from keelrl.networks.builders import MUJOCO_DISCOUNT, with_default_support
+from keelrl.networks.cuda_graphs import GraphedUpdate
 from keelrl.networks.seeds import GlobalRandom, SeedMapped
 
 ALGO = "sac"
@@ -128,7 +129,8 @@ class SACConfig(NetworkOptions, RunOptions):
     compile: bool = False
     """compile the loss computations with torch.compile (a C++ compiler is needed on CPU)"""
     cudagraphs: bool = False
-    """with --device cuda: replay the compiled losses as CUDA graphs (torch.compile's "reduce-overhead" mode)"""
+    """with --device cuda: record each whole update (losses compiled as with --compile, backward passes, optimiser
+    steps, target update) once as a CUDA graph and replay it (networks/cuda_graphs.py)"""
     num_seeds: int = 1
     """train seeds seed, seed+1, …, seed+num_seeds−1 in this one process as one batched network, each in a run
     directory of its own as a run of that seed alone (--runs-dir may hold {seed}: each seed's is filled in)"""
@@ -231,11 +233,14 @@ class SAC(SavedAgent):
         self.total_updates = max(1, (config.total_timesteps - config.learning_starts) * config.utd)
         # one seed; networks/seeds.stack_seeds makes several, every tensor with a leading seed axis (S, ...)
         self.num_seeds, self.random = 1, GlobalRandom(config.device)
-        self._critic_loss = loss_function(self.critic_loss, config.precision, config.device, config.compile,
-                                          config.cudagraphs, seeds_of=self)
-        self._actor_loss = loss_function(self.actor_loss, config.precision, config.device, config.compile,
-                                         config.cudagraphs, seeds_of=self)
+        self._critic_loss = loss_function(self.critic_loss, config.precision, config.device,
+                                          config.compile or config.cudagraphs, seeds_of=self)
+        self._actor_loss = loss_function(self.actor_loss, config.precision, config.device,
+                                         config.compile or config.cudagraphs, seeds_of=self)
         self._act = SeedMapped(self.actor.act, self)
+        # --cudagraphs: the whole of `learn_step` recorded as one CUDA graph per branch, then replayed
+        self._learn_step = (GraphedUpdate(self.learn_step, list(self.optimizers.values()), self) if config.cudagraphs
+                            else self.learn_step)
 
     @property
     def alpha(self) -> torch.Tensor:
@@ -263,12 +268,18 @@ class SAC(SavedAgent):
         return self.learn(batch)
 
     def learn(self, batch: Batch) -> dict[str, torch.Tensor]:
-        """One critic step, `policy_frequency` actor/α steps every `policy_frequency` updates, the target update."""
+        """One critic step, `policy_frequency` actor/α steps every `policy_frequency` updates, the target update
+        every `target_network_frequency`."""
+        actor_step = self.num_updates % self.config.policy_frequency == 0
+        target_step = self.num_updates % self.config.target_network_frequency == 0
+        return self._learn_step(batch, actor_step, target_step)
+
+    def learn_step(self, batch: Batch, actor_step: bool, target_step: bool) -> dict[str, torch.Tensor]:
         losses = self.update_critic(batch)
-        if self.num_updates % self.config.policy_frequency == 0:
+        if actor_step:
             for _ in range(self.config.policy_frequency):
                 losses.update(self.update_actor_and_alpha(batch.obs))
-        if self.num_updates % self.config.target_network_frequency == 0:
+        if target_step:
             soft_update(self.polyak_target, self.polyak_online, self.config.tau)
         return losses
 

@@ -60,6 +60,7 @@ from keelrl.networks import (
     validate_network_options,
 )
 from keelrl.networks.builders import MUJOCO_DISCOUNT, with_default_support
+from keelrl.networks.cuda_graphs import GraphedUpdate
 from keelrl.networks.seeds import GlobalRandom, SeedMapped
 
 ALGO = "td3"
@@ -123,7 +124,8 @@ class TD3Config(NetworkOptions, RunOptions):
     compile: bool = False
     """compile the loss computations with torch.compile (a C++ compiler is needed on CPU)"""
     cudagraphs: bool = False
-    """with --device cuda: replay the compiled losses as CUDA graphs (torch.compile's "reduce-overhead" mode)"""
+    """with --device cuda: record each whole update (losses compiled as with --compile, backward passes, optimiser
+    steps, target update) once as a CUDA graph and replay it (networks/cuda_graphs.py)"""
     num_seeds: int = 1
     """train seeds seed, seed+1, …, seed+num_seeds−1 in this one process as one batched network, each in a run
     directory of its own as a run of that seed alone (--runs-dir may hold {seed}: each seed's is filled in)"""
@@ -204,11 +206,14 @@ class TD3(SavedAgent):
         self.total_updates = max(1, (config.total_timesteps - config.learning_starts) * config.utd)
         # one seed; networks/seeds.stack_seeds makes several, every tensor with a leading seed axis (S, ...)
         self.num_seeds, self.random = 1, GlobalRandom(config.device)
-        self._critic_loss = loss_function(self.critic_loss, config.precision, config.device, config.compile,
-                                          config.cudagraphs, seeds_of=self)
-        self._actor_loss = loss_function(self.actor_loss, config.precision, config.device, config.compile,
-                                         config.cudagraphs, seeds_of=self)
+        self._critic_loss = loss_function(self.critic_loss, config.precision, config.device,
+                                          config.compile or config.cudagraphs, seeds_of=self)
+        self._actor_loss = loss_function(self.actor_loss, config.precision, config.device,
+                                         config.compile or config.cudagraphs, seeds_of=self)
         self._act = SeedMapped(self.noisy_actions, self)
+        # --cudagraphs: the whole of `learn_step` recorded as one CUDA graph per branch, then replayed
+        self._learn_step = (GraphedUpdate(self.learn_step, list(self.optimizers.values()), self) if config.cudagraphs
+                            else self.learn_step)
 
     @torch.inference_mode()
     def act(self, obs: np.ndarray, deterministic: bool = False) -> np.ndarray:
@@ -243,8 +248,11 @@ class TD3(SavedAgent):
     def learn(self, batch: Batch) -> dict[str, torch.Tensor]:
         """One critic step; every `policy_frequency` updates, one actor step, then the target actor and critics
         follow by Polyak averaging."""
+        return self._learn_step(batch, self.num_updates % self.config.policy_frequency == 0)
+
+    def learn_step(self, batch: Batch, actor_step: bool) -> dict[str, torch.Tensor]:
         losses = self.update_critic(batch)
-        if self.num_updates % self.config.policy_frequency == 0:
+        if actor_step:
             losses.update(self.update_actor(batch.obs))
             soft_update(self.polyak_target, self.polyak_online, self.config.tau)
         return losses

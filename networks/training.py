@@ -28,10 +28,14 @@ def make_optimizer(params: list[nn.Parameter], kind: Literal["adam", "adamw"], l
 
 
 def scale_learning_rates(optimizers: list[torch.optim.Optimizer], factor: float) -> None:
-    """Set every group's learning rate to `factor` times the rate it started with."""
+    """Set every group's learning rate to `factor` times the rate it started with (in place where the rate is a
+    tensor, as a captured update's is: networks/cuda_graphs.py)."""
     for optimizer in optimizers:
         for group in optimizer.param_groups:
-            group["lr"] = group["initial_lr"] * factor
+            if isinstance(group["lr"], torch.Tensor):
+                group["lr"].fill_(group["initial_lr"] * factor)
+            else:
+                group["lr"] = group["initial_lr"] * factor
 
 
 def optimizer_step(optimizer: torch.optim.Optimizer, loss: torch.Tensor, network: nn.Module) -> None:
@@ -55,8 +59,9 @@ def loss_function(loss_fn: Callable, precision: str, device: str, compile: bool 
     """`loss_fn` as an update calls it: under `precision` in an autocast region of its own (`matmul_precision`),
     so each call casts the weights as they are at that moment and the backward pass and optimiser step that
     follow run outside autocast, and through torch.compile when asked (replayed as CUDA graphs with
-    `cudagraphs`). Only loss computations are compiled (forward, and with it the backward graph); the
-    optimiser steps run eagerly. With fp32 and no compilation it is `loss_fn` itself. With `seeds_of` (the agent,
+    `cudagraphs`, torch.compile's "reduce-overhead" mode). Only loss computations are compiled (forward, and with it
+    the backward graph); the optimiser steps run eagerly. (SAC and TD3 capture their whole update instead:
+    networks/cuda_graphs.py.) With fp32 and no compilation it is `loss_fn` itself. With `seeds_of` (the agent,
     which may hold several seeds: networks/seeds.py), a seed group calls it once per seed in one batched pass."""
     single = loss_fn
     if precision != "fp32":

@@ -9,7 +9,8 @@
 #          cleanrl/{sac,td3}_continuous_action.py with the cleanrl_utils replay buffer they import, and
 #          leanrl/{sac,td3}_continuous_action_torchcompile.py; one line of LeanRL's SAC adapted, see below)
 #   .whl/  the Python 3.12 wheels the GPU machine lacks: the shared list, plus what LeanRL imports (torchrl and
-#          tensordict of torch 2.11's generation; wandb is not needed: benchmarks/gpu/reference.py stands in)
+#          tensordict of torch 2.11's generation; wandb is not needed: benchmarks/gpu/reference.py stands in), and
+#          pytest for the CUDA-graph tests
 set -euo pipefail
 cleanrl=${1:?give a CleanRL checkout} leanrl=${2:?give a LeanRL checkout} shared=${3:-../shared/gpu}
 dataset=keelrl/hopper-medium-v0
@@ -26,7 +27,9 @@ sed -i 's/MUJOCO_GL=egl/MUJOCO_GL=disable/' .gpu/prefix.sh
 
 # the wheels: torchrl 0.12 is the release of torch 2.11's generation and asks for tensordict 0.12 (keelrl needs
 # neither), so the shared list's newer tensordict goes
-bash .gpu/fetch-wheels.sh torchrl==0.12.0 tensordict==0.12.4 orjson importlib_metadata zipp
+# pytest and its requirements: tests/test_cuda_graphs.py runs there first (it skips on a machine without CUDA)
+bash .gpu/fetch-wheels.sh torchrl==0.12.0 tensordict==0.12.4 orjson importlib_metadata zipp \
+  pytest==9.2.0 pluggy iniconfig packaging pygments
 find .whl -name 'tensordict-*.whl' ! -name 'tensordict-0.12.4-*' -delete
 
 # one reference script: from a checkout's work tree, else from its HEAD (a bare mirror)

@@ -1,0 +1,114 @@
+"""--cudagraphs of SAC and TD3 (networks/cuda_graphs.py): a captured update reads its learning rate from a tensor the
+schedule changes in place, and, where torch sees a CUDA GPU, updates replayed as CUDA graphs equal the same updates
+run eagerly, in each branch (critic alone; critic, actor and α), through warm-up, capture and replays, for one seed
+and for a seed group (its generators registered with the graphs)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from keelrl.agents.sac import SAC, SACConfig
+from keelrl.agents.td3 import TD3, TD3Config
+from keelrl.buffers import Batch
+from keelrl.networks import make_optimizer, scale_learning_rates
+from keelrl.networks.cuda_graphs import GraphedUpdate, make_capturable
+from keelrl.networks.seeds import stack_seeds
+
+OBS_DIM, ACTION_DIM, BATCH = 11, 3, 64
+LOW, HIGH = -np.ones(ACTION_DIM, np.float32), np.ones(ACTION_DIM, np.float32)
+UPDATES = 14
+"""with an actor step every other update: 3 warm-up calls of each branch, the capture of each, then replays"""
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+AGENTS = {
+    # a learning-rate schedule, so that the captured rate must follow it
+    "sac": lambda: SAC(OBS_DIM, LOW, HIGH, SACConfig(hidden_sizes=(64, 64), policy_frequency=2, final_lr_fraction=0.5,
+                                                     total_timesteps=UPDATES, learning_starts=0, device="cuda")),
+    "td3": lambda: TD3(OBS_DIM, LOW, HIGH, TD3Config(hidden_sizes=(64, 64), policy_frequency=2, final_lr_fraction=0.5,
+                                                     total_timesteps=UPDATES, learning_starts=0, device="cuda")),
+}
+
+
+def test_make_capturable_makes_the_rate_a_tensor_the_schedule_scales_in_place():
+    optimizer = make_optimizer([nn.Parameter(torch.zeros(3))], "adam", 1e-3)
+    make_capturable(optimizer)
+    group = optimizer.param_groups[0]
+    rate = group["lr"]
+    assert group["capturable"] and isinstance(rate, torch.Tensor) and rate.dim() == 0
+    scale_learning_rates([optimizer], 0.25)
+    assert group["lr"] is rate  # the tensor a graph was recorded with
+    assert rate.item() == pytest.approx(2.5e-4)
+
+
+def batches(seeds: int | None = None) -> list[Batch]:
+    """UPDATES random batches on the GPU ((S, B, ...) for a seed group of `seeds`)."""
+    g = torch.Generator().manual_seed(0)
+    lead = (BATCH,) if seeds is None else (seeds, BATCH)
+
+    def one() -> Batch:
+        return Batch(obs=torch.randn(*lead, OBS_DIM, generator=g),
+                     actions=torch.rand(*lead, ACTION_DIM, generator=g) * 2 - 1,
+                     rewards=torch.randn(*lead, generator=g), next_obs=torch.randn(*lead, OBS_DIM, generator=g),
+                     terminated=(torch.rand(*lead, generator=g) < 0.1).float(), discounts=torch.full(lead, 0.99))
+
+    return [Batch(*(None if field is None else field.cuda() for field in one())) for _ in range(UPDATES)]
+
+
+def graphed(agent: nn.Module) -> nn.Module:
+    """`agent` with its update replayed as CUDA graphs (its losses stay eager, so numbers can match exactly)."""
+    agent._learn_step = GraphedUpdate(agent.learn_step, list(agent.optimizers.values()), agent)
+    return agent
+
+
+def train(agent: nn.Module, data: list[Batch]) -> list[dict[str, torch.Tensor]]:
+    torch.manual_seed(1)
+    return [agent.update(batch) for batch in data]
+
+
+def assert_same_training(eager: nn.Module, captured: nn.Module, data: list[Batch]) -> None:
+    eager_losses, captured_losses = train(eager, data), train(captured, data)
+    for step, (expected, got) in enumerate(zip(eager_losses, captured_losses)):
+        assert got.keys() == expected.keys()
+        for name in expected:
+            torch.testing.assert_close(got[name], expected[name], atol=1e-5, rtol=1e-5,
+                                       msg=f"{name} at update {step}")
+    for name, value in eager.state_dict().items():
+        torch.testing.assert_close(captured.state_dict()[name], value, atol=1e-5, rtol=1e-5, msg=name)
+    assert len(captured._learn_step.graphs) == 2  # one per branch: with and without the actor step
+
+
+@cuda
+@pytest.mark.parametrize("name", list(AGENTS))
+def test_updates_replayed_as_cuda_graphs_equal_eager_updates(name):
+    torch.manual_seed(0)
+    eager = AGENTS[name]().cuda()
+    torch.manual_seed(0)
+    captured = graphed(AGENTS[name]().cuda())
+    assert_same_training(eager, captured, batches())
+    rate = captured.optimizers["critic"].param_groups[0]["lr"]
+    assert rate.device.type == "cuda" and rate.item() == pytest.approx(eager.optimizers["critic"].param_groups[0]["lr"])
+
+
+@cuda
+def test_a_seed_group_replayed_as_cuda_graphs_draws_each_seed_noise_as_eager():
+    eager = stack_seeds(AGENTS["sac"], [1, 2], device="cuda").cuda()
+    captured = graphed(stack_seeds(AGENTS["sac"], [1, 2], device="cuda").cuda())
+    assert_same_training(eager, captured, batches(seeds=2))
+
+
+@cuda
+def test_cudagraphs_option_trains_as_eager_within_compiler_rounding():
+    """--cudagraphs as a user sets it: losses compiled, the whole update captured."""
+    torch.manual_seed(0)
+    eager = AGENTS["sac"]().cuda()
+    torch.manual_seed(0)
+    captured = SAC(OBS_DIM, LOW, HIGH, dataclasses.replace(eager.config, cudagraphs=True)).cuda()
+    data = batches()
+    for expected, got in zip(train(eager, data), train(captured, data)):
+        for name in expected:
+            torch.testing.assert_close(got[name], expected[name], atol=1e-3, rtol=1e-3, msg=name)
+    assert isinstance(captured._learn_step, GraphedUpdate) and len(captured._learn_step.graphs) == 2
