@@ -74,8 +74,13 @@ class GraphedUpdate:
         graph = torch.cuda.CUDAGraph()
         for generator in getattr(self.agent.random, "generators", ()):
             graph.register_generator_state(generator)
-        with torch.cuda.graph(graph):
-            graph_outputs = self.step(graph_batch, *branch)
+        try:
+            with torch.cuda.graph(graph):
+                graph_outputs = self.step(graph_batch, *branch)
+        except RuntimeError as error:
+            raise RuntimeError(f"--cudagraphs: this update cannot be recorded as a CUDA graph ({error}). Something in "
+                               f"it waits for the GPU (.item(), a CPU copy) or decides on a tensor's value; run "
+                               f"without --cudagraphs (--compile alone still compiles the losses).") from error
         self.graphs[branch] = (graph, graph_batch, graph_outputs)
         graph.replay()  # recording does not run the step: this is the update of this call
         return _copies(graph_outputs)
