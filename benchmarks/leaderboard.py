@@ -343,7 +343,8 @@ class Cell:
         state, run_dir = self.state()
         if status is None:
             attempts = self.record()["attempts"]
-            failed = bool(attempts) and attempts[-1]["returncode"] != 0
+            # a run stopped by SIGINT/SIGTERM wrote a checkpoint: unfinished (it resumes), not failed
+            failed = bool(attempts) and attempts[-1]["returncode"] not in (0, *STOPPED_CODES)
             status = "done" if state == "done" else "failed" if failed else "unfinished"
         result = RunResult(self.grid.family, self.agent.name, self.agent.module, self.task.id, self.seed,
                            self.steps, status, options=" ".join(self.args))

@@ -441,6 +441,18 @@ def test_a_grid_killed_mid_run_is_resumed_from_the_checkpoint(tmp_path):
     assert after[: len(kept)] == kept  # what the checkpoint covered is unchanged
 
 
+def test_a_cell_stopped_by_a_signal_is_unfinished_and_one_that_crashed_is_failed(tmp_path):
+    grid_file = tmp_path / "stopped.toml"
+    grid_file.write_text('name = "stopped"\nseeds = [1]\nsteps = 300\ntasks = ["InvertedPendulum-v5"]\n'
+                         'agents = ["sac"]\n')
+    cell = leaderboard.expand(leaderboard.load_grid(str(grid_file)), tmp_path / "runs")[0]
+    cell.prepare()
+    for returncode, status in ((128 + signal.SIGINT, "unfinished"), (128 + signal.SIGTERM, "unfinished"),
+                               (1, "failed")):
+        cell.add_attempt("new", {"returncode": returncode, "wall_s": 1.0})
+        assert cell.result().status == status, returncode
+
+
 def test_a_grid_runs_on_a_local_ray_instance(tmp_path):
     ray = pytest.importorskip("ray", reason="Ray is not installed: pip install 'keelrl[ray]' to run this test")
     options = [arg for name, value in TINY.items() for arg in ("--option", f"{name}={json.dumps(value)}")]
