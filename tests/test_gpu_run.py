@@ -118,3 +118,12 @@ def test_sync_counting_counts_the_sync_warnings_by_line_and_passes_the_others_on
     [where] = counts
     assert where.startswith("tests/test_gpu_run.py:")  # relative to the package
     assert [str(w.message) for w in recwarn] == ["something else"]
+
+
+def test_only_times_the_named_settings_and_refuses_an_unknown_name(tmp_path):
+    args = speed.Args(out=tmp_path, device="cuda", only=("keelrl:--cudagraphs",))
+    chosen = [setting.name for setting in speed.SETTINGS if not speed.unavailable(args, "sac", setting)]
+    assert chosen == ["--cudagraphs"]
+    assert speed.unavailable(args, "sac", speed.SETTINGS[0]) == "not measured: not among --only"
+    with pytest.raises(SystemExit, match="no setting named"):
+        speed.main(speed.Args(out=tmp_path, only=("keelrl:cudagraphs",)))

@@ -49,6 +49,9 @@ class Args:
     references: Path = Path(".gpu/ref")
     """folder holding cleanrl/{sac,td3}_continuous_action.py and leanrl/{sac,td3}_continuous_action_torchcompile.py"""
     algos: tuple[str, ...] = ("sac", "td3")
+    only: tuple[str, ...] = ()
+    """time only these settings, named IMPLEMENTATION:SETTING as the table shows them (e.g. keelrl:--cudagraphs
+    leanrl:"torch.compile + CUDA graphs"); the others are written as not measured. Empty: every setting"""
     env_id: str = "Hopper-v5"
     learning_starts: int = 1_000
     """random steps before updates begin (not timed)"""
@@ -155,6 +158,8 @@ def shown(command: list[str], folder: str) -> str:
 
 def unavailable(args: Args, algo: str, setting: Setting) -> str:
     """Why `setting` cannot run here ('' if it can)."""
+    if args.only and f"{setting.implementation}:{setting.name}" not in args.only:
+        return "not measured: not among --only"
     if setting.needs_cuda and not args.device.startswith("cuda"):
         return "not measured: needs CUDA"
     if setting.implementation != "keelrl":
@@ -301,6 +306,9 @@ def seeds_table(args: Args) -> None:
 
 def main(args: Args) -> None:
     args = apply_tiny(args)
+    known = {f"{setting.implementation}:{setting.name}" for setting in SETTINGS}
+    if unknown := set(args.only) - known:
+        raise SystemExit(f"--only: no setting named {sorted(unknown)}; the settings are {sorted(known)}")
     deadline = time.monotonic() + 60 * args.deadline_minutes
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "environment.json").write_text(json.dumps(environment(args), indent=2))
