@@ -127,3 +127,25 @@ def test_only_times_the_named_settings_and_refuses_an_unknown_name(tmp_path):
     assert speed.unavailable(args, "sac", speed.SETTINGS[0]) == "not measured: not among --only"
     with pytest.raises(SystemExit, match="no setting named"):
         speed.main(speed.Args(out=tmp_path, only=("keelrl:cudagraphs",)))
+
+
+def write_speed_folder(folder, commit: str, rows: list[tuple[str, str]]) -> None:
+    folder.mkdir()
+    (folder / "environment.json").write_text(json.dumps({"device": "NVIDIA H200", "commit": commit}))
+    with (folder / "speed.csv").open("w", newline="") as file:
+        writer = csv.DictWriter(file, speed.SPEED_FIELDS)
+        writer.writeheader()
+        for setting, rate in rows:
+            writer.writerow(dict(algo="sac", implementation="keelrl", setting=setting, steps_per_s=rate,
+                                 note="" if rate else "not measured: not among --only", command=""))
+
+
+def test_speed_rows_of_two_leases_merge_and_other_commits_are_refused(tmp_path):
+    write_speed_folder(tmp_path / "a", "abc1234", [("eager", "100.0"), ("--cudagraphs", ""), ("--compile", "120.0")])
+    write_speed_folder(tmp_path / "b", "abc1234", [("eager", ""), ("--cudagraphs", "400.0"), ("--compile", "130.0")])
+    rows = page.merged_speed_rows((tmp_path / "a", tmp_path / "b"))
+    assert [(row["setting"], row["steps_per_s"]) for row in rows] == [
+        ("eager", "100.0"), ("--cudagraphs", "400.0"), ("--compile", "130.0")]
+    write_speed_folder(tmp_path / "c", "def5678", [("eager", "90.0")])
+    with pytest.raises(SystemExit, match="commit 'def5678'"):
+        page.same_run((tmp_path / "a", tmp_path / "c"))

@@ -4,7 +4,10 @@
 
 Each --results folder holds what step 1 (benchmarks/gpu/speed.py: environment.json, speed.csv, smoke.csv,
 seeds.md) or a collect of step 2 (benchmarks/gpu/evidence.py: learning.csv, progress.csv) wrote; a file in a
-later folder replaces the same file of an earlier one, so the last collect's learning curves win. The page names
+later folder replaces the same file of an earlier one, so the last collect's learning curves win, but for
+speed.csv, whose rows merge: a short lease may time some settings (speed.py --only) and the next lease of the same
+machine the others, and a measured row is kept unless a later folder measured the same setting again. Folders of
+different commits or devices are refused: their figures do not belong in one table. The page names
 the GPU, torch and the commit, gives the speed table with keelrl's best setting over LeanRL's best and over
 CleanRL, the smoke runs, the seeds table, and the learning table at the last evaluation step every cell of a grid
 reached, beside the SimbaV2 repository's published Hopper-v4 figures (REFERENCES.md) and the behaviour policy of
@@ -42,11 +45,40 @@ class Args:
     """folders the GPU run brought back, earliest first"""
     out: Path = Path("benchmarks/results/gpu.md")
     """the page; its curves go beside it as <name>_curves.png"""
+    note: str = ""
+    """a paragraph under the commands: how this page's leases differed from them (e.g. --only, a shorter deadline)"""
 
 
 def read_files(folders: tuple[Path, ...]) -> dict[str, Path]:
     """Every result file by name, the latest folder's where several have it."""
     return {path.name: path for folder in folders for path in sorted(folder.iterdir()) if path.is_file()}
+
+
+def same_run(folders: tuple[Path, ...]) -> dict:
+    """The one environment.json the folders share in device and commit; SystemExit naming the first that differs."""
+    environments = [(folder, json.loads((folder / "environment.json").read_text())) for folder in folders
+                    if (folder / "environment.json").is_file()]
+    if not environments:
+        raise SystemExit("no environment.json in any --results folder (speed.py writes it)")
+    first_folder, first = environments[0]
+    for folder, environment in environments[1:]:
+        for key in ("device", "commit"):
+            if environment[key] != first[key]:
+                raise SystemExit(f"{folder} is of {key} {environment[key]!r}, {first_folder} of {first[key]!r}: "
+                                 "make one page per device and commit")
+    return environments[-1][1]
+
+
+def merged_speed_rows(folders: tuple[Path, ...]) -> list[dict]:
+    """speed.csv rows of every folder, one per (algo, implementation, setting) in first-seen order: the latest
+    measured row, else the latest row."""
+    merged: dict[tuple[str, str, str], dict] = {}
+    for folder in folders:
+        for row in read_csv(folder / "speed.csv" if (folder / "speed.csv").is_file() else None):
+            key = row["algo"], row["implementation"], row["setting"]
+            if row["steps_per_s"] or not merged.get(key, {}).get("steps_per_s"):
+                merged[key] = row
+    return list(merged.values())
 
 
 def read_csv(path: Path | None) -> list[dict]:
@@ -164,7 +196,7 @@ def plot_curves(learning: list[dict], path: Path) -> None:
 
 def write_page(args: Args) -> Path:
     files = read_files(args.results)
-    environment = json.loads(files["environment.json"].read_text())
+    environment = same_run(args.results)
     learning, progress = read_csv(files.get("learning.csv")), read_csv(files.get("progress.csv"))
     curves = args.out.with_name(f"{args.out.stem}_curves.png")
     trial = ["", "**A trial with --tiny: a check of the scripts, not evidence.**"] if environment["tiny"] else []
@@ -172,7 +204,7 @@ def write_page(args: Args) -> Path:
              f"Machine: {environment['device']}, {environment['cpus']} CPU cores; torch {environment['torch']}"
              f" (CUDA {environment['cuda'] or 'none'}), Python {environment['python']}; keelrl at commit "
              f"{environment['commit']}. How it was run (benchmarks/gpu/README.md):", "",
-             *[f"    {command}" for command in COMMANDS], "",
+             *[f"    {command}" for command in COMMANDS], "", *([args.note, ""] if args.note else []),
              "## Speed: SAC and TD3 on " + environment["env_id"], "",
              f"One run at a time on the quiet GPU: {environment['learning_starts']:,} random steps, then one update "
              f"per step; the rate over the last {environment['timed_steps']:,} steps after {environment['burn_in']:,}"
@@ -181,7 +213,7 @@ def write_page(args: Args) -> Path:
              "gymnasium 1.x through benchmarks/gpu/reference.py, but one line of LeanRL's SAC: its policy module "
              "keeps the action of get_action alone (tensordict 0.12 refuses the two outputs it leaves unnamed; "
              "benchmarks/gpu/prepare.sh).", "",
-             *speed_section(read_csv(files.get("speed.csv"))), "",
+             *speed_section(merged_speed_rows(args.results)), "",
              f"## Every agent on the device ({environment['smoke_steps']} loop steps)", "",
              "Host synchronisations counted with CUDA's sync debug mode (benchmarks/gpu/syncs.py): one per "
              "environment step is the action going to the environment.", "",
