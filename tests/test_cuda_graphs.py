@@ -1,7 +1,7 @@
 """--cudagraphs of SAC and TD3 (networks/cuda_graphs.py): a captured update reads its learning rate from a tensor the
 schedule changes in place, and, where torch sees a CUDA GPU, updates replayed as CUDA graphs equal the same updates
-run eagerly, in each branch (critic alone; critic, actor and α), through warm-up, capture and replays, for one seed
-and for a seed group (its generators registered with the graphs)."""
+run eagerly, in each branch (critic alone; critic, actor and α), through warm-up, capture and replays: SAC with its
+MLP, SimBa, SimbaV2 and HL-Gauss critics, TD3, and a seed group (its generators registered with the graphs)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 import torch
 from torch import nn
 
-from keelrl.agents.sac import SAC, SACConfig
+from keelrl.agents.sac import PRESETS, SAC, SACConfig, resolve
 from keelrl.agents.td3 import TD3, TD3Config
 from keelrl.buffers import Batch
 from keelrl.networks import make_optimizer, scale_learning_rates
@@ -24,12 +24,23 @@ LOW, HIGH = -np.ones(ACTION_DIM, np.float32), np.ones(ACTION_DIM, np.float32)
 UPDATES = 14
 """with an actor step every other update: 3 warm-up calls of each branch, the capture of each, then replays"""
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+# a learning-rate schedule, so that the captured rate must follow it, and an actor step every other update
+COMMON = dict(policy_frequency=2, final_lr_fraction=0.5, total_timesteps=UPDATES, learning_starts=0, device="cuda")
+
+
+def sac_with(**options) -> SAC:
+    """SAC with `options` (a preset's fields) on the schedule of COMMON, as a new run resolves it."""
+    return SAC(OBS_DIM, LOW, HIGH, resolve(SACConfig(**(options | COMMON))))
+
+
 AGENTS = {
-    # a learning-rate schedule, so that the captured rate must follow it
-    "sac": lambda: SAC(OBS_DIM, LOW, HIGH, SACConfig(hidden_sizes=(64, 64), policy_frequency=2, final_lr_fraction=0.5,
-                                                     total_timesteps=UPDATES, learning_starts=0, device="cuda")),
-    "td3": lambda: TD3(OBS_DIM, LOW, HIGH, TD3Config(hidden_sizes=(64, 64), policy_frequency=2, final_lr_fraction=0.5,
-                                                     total_timesteps=UPDATES, learning_starts=0, device="cuda")),
+    "sac": lambda: sac_with(hidden_sizes=(64, 64)),
+    "td3": lambda: TD3(OBS_DIM, LOW, HIGH, TD3Config(hidden_sizes=(64, 64), **COMMON)),
+    # the networks and critics the GPU run's learning cells train: SimBa (AdamW, observation normalisation),
+    # SimbaV2 (weights re-projected onto the sphere after each step, C51 critic on scaled rewards), HL-Gauss
+    "sac-simba": lambda: sac_with(**PRESETS["simba"]),
+    "sac-simbav2": lambda: sac_with(**PRESETS["simbav2"]),
+    "sac-hlgauss": lambda: sac_with(hidden_sizes=(64, 64), critic_head="hlgauss", scale_rewards=True),
 }
 
 
