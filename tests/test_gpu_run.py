@@ -66,7 +66,8 @@ def test_tiny_run_on_the_cpu_gives_the_speed_table_the_smoke_runs_and_the_learni
     assert environment["commit"] == "abc1234" and environment["tiny"]
 
     runs = tmp_path / "evidence"
-    args = evidence.Args("run", runs_dir=runs, device="cpu", tiny=True, agents=("sac-scalar",))
+    args = evidence.Args("run", runs_dir=runs, device="cpu", tiny=True, agents=("sac-scalar",),
+                         commit_file=references.parent / "commit.txt")
     evidence.run(args)
     evidence.collect(dataclasses.replace(args, action="collect", out=results))
     learning = read(results / "learning.csv")
@@ -82,6 +83,7 @@ def test_tiny_run_on_the_cpu_gives_the_speed_table_the_smoke_runs_and_the_learni
     assert "A trial with --tiny" in text and "abc1234" in text
     assert "| SAC | cleanrl | eager | 40.0 | 1.00× | 0.65× |" in text  # 40 / 61.5 = 0.65
     assert "### gpu-evidence-online: at step 300" in text
+    assert "The learning cells ran on CPU (cpu)" in text and "at commit abc1234." in text
     assert (tmp_path / "gpu_curves.png").stat().st_size > 0
 
 

@@ -8,8 +8,8 @@
 machine is held; `run` is the leaderboard of both grids with one worker per cell. `collect` waits the given
 minutes (returning early once every cell has finished), then writes into RESULTS what the cells have so far:
 learning.csv (every evaluation: agent, task, seed, step, mean return, normalised score where the task has
-reference returns) and progress.csv (each cell's last logged step, last evaluated step and state), and the last
-lines of the leaderboard's log. Collect again later for more; the cells keep running meanwhile.
+reference returns), progress.csv (each cell's last logged step, last evaluated step and state), machine.json (the
+device and the commit, which may differ from the speed step's) and the last lines of the leaderboard's log. Collect again later for more; the cells keep running meanwhile.
 """
 
 from __future__ import annotations
@@ -27,14 +27,14 @@ import tyro
 
 from keelrl.benchmarks import leaderboard
 from keelrl.benchmarks.aggregate import read_csv_rows
-from keelrl.benchmarks.gpu.speed import tensorboard_points, write_csv
+from keelrl.benchmarks.gpu.speed import machine, tensorboard_points, write_csv
 from keelrl.buffers import normalized_score
 
 GRIDS = ("gpu-evidence-online", "gpu-evidence-offline")
 TINY_STEPS, TINY_EVAL_FREQ = 300, 100
 LEARNING_FIELDS = ("grid", "agent", "task", "seed", "step", "mean_return", "normalized_score")
 PROGRESS_FIELDS = ("grid", "agent", "task", "seed", "state", "last_step", "last_evaluation", "budget")
-LOG_NAME = "leaderboard.log"
+LOG_NAME, MACHINE_NAME = "leaderboard.log", "machine.json"
 
 
 @dataclasses.dataclass
@@ -54,6 +54,8 @@ class Args:
     """MINARI_DATASETS_PATH of the offline cells"""
     agents: tuple[str, ...] = ()
     """only these entries of the grids (default: every one)"""
+    commit_file: Path = Path(".gpu/commit.txt")
+    """collect: where prepare.sh recorded the commit the cells run"""
 
 
 def grids(args: Args) -> list[leaderboard.Grid]:
@@ -122,6 +124,7 @@ def collect(args: Args) -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     write_csv(args.out / "learning.csv", LEARNING_FIELDS, learning)
     write_csv(args.out / "progress.csv", PROGRESS_FIELDS, progress)
+    (args.out / MACHINE_NAME).write_text(json.dumps(machine(args.device, args.commit_file), indent=2))
     log = args.runs_dir / LOG_NAME
     (args.out / LOG_NAME).write_text("".join(log.read_text().splitlines(keepends=True)[-200:]) if log.is_file()
                                      else "")

@@ -165,6 +165,15 @@ def learning_section(learning: list[dict], progress: list[dict]) -> list[str]:
     return lines
 
 
+def learning_machine(path: Path | None) -> list[str]:
+    """Where the learning cells ran (evidence.py's machine.json): a lease other than the speed step's may run them."""
+    if path is None:
+        return ["Machine and commit of the learning cells: not recorded.", ""]
+    machine = json.loads(path.read_text())
+    return [f"The learning cells ran on {machine['device']} ({machine['cpus']} CPU cores), torch {machine['torch']}, "
+            f"keelrl at commit {machine['commit']}.", ""]
+
+
 def plot_curves(learning: list[dict], path: Path) -> None:
     """One panel per grid: each agent's mean over seeds at every step all its seeds evaluated."""
     import matplotlib
@@ -223,7 +232,8 @@ def write_page(args: Args) -> Path:
              "## Learning", ""]
     if learning:
         plot_curves(learning, curves)
-        lines += [*learning_section(learning, progress), f"![curves]({curves.name})"]
+        lines += [*learning_machine(files.get("machine.json")), *learning_section(learning, progress),
+                  f"![curves]({curves.name})"]
     else:
         lines.append("not measured")
     args.out.write_text("\n".join(lines) + "\n")

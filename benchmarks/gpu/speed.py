@@ -284,15 +284,20 @@ def smoke_rows(args: Args, scratch: Path) -> list[dict]:
     return rows
 
 
-def environment(args: Args) -> dict:
-    """What the page names the machine by: device, torch, Python, CPUs, the commit prepare.sh recorded."""
-    commit_file = args.references.parent / "commit.txt"
-    cuda = args.device.startswith("cuda")
-    return dict(device=torch.cuda.get_device_name(0) if cuda else f"CPU ({args.device})",
+def machine(device: str, commit_file: Path) -> dict:
+    """What a results page names a GPU run by: the device, torch, CUDA, Python, the CPUs, and the commit prepare.sh
+    recorded in `commit_file`."""
+    cuda = device.startswith("cuda")
+    return dict(device=torch.cuda.get_device_name(0) if cuda else f"CPU ({device})",
                 torch=torch.__version__, cuda=torch.version.cuda or "", python=sys.version.split()[0],
-                cpus=os.cpu_count(), commit=commit_file.read_text().strip() if commit_file.is_file() else "unknown",
-                env_id=args.env_id, learning_starts=args.learning_starts, burn_in=args.burn_in,
-                timed_steps=args.timed_steps, smoke_steps=args.smoke_steps, tiny=args.tiny)
+                cpus=os.cpu_count(), commit=commit_file.read_text().strip() if commit_file.is_file() else "unknown")
+
+
+def environment(args: Args) -> dict:
+    """The machine (the commit from prepare.sh's .gpu/commit.txt, beside the references) and the speed settings."""
+    return machine(args.device, args.references.parent / "commit.txt") | dict(
+        env_id=args.env_id, learning_starts=args.learning_starts, burn_in=args.burn_in, timed_steps=args.timed_steps,
+        smoke_steps=args.smoke_steps, tiny=args.tiny)
 
 
 def seeds_table(args: Args) -> None:
