@@ -152,8 +152,9 @@ def run_command(args: Args, algo: str, setting: Setting, total: int, runs_dir: P
 
 
 def shown(command: list[str], folder: str) -> str:
-    """A command as the results show it: python for the interpreter, RUNS for the temporary run folder."""
-    return " ".join(["python", *command[1:]]).replace(folder, "RUNS")
+    """A command as the results show it: python for the interpreter, RUNS for the temporary run folder, paths
+    relative to the repository's root (where the command runs from)."""
+    return " ".join(["python", *command[1:]]).replace(folder, "RUNS").replace(f"{Path.cwd()}{os.sep}", "")
 
 
 def unavailable(args: Args, algo: str, setting: Setting) -> str:
