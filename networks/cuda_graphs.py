@@ -11,6 +11,7 @@ step every other update) is a `branch` argument: one graph per value it takes.
 
 from __future__ import annotations
 
+import gc
 from collections import Counter
 from collections.abc import Callable
 from typing import Any, NamedTuple
@@ -74,6 +75,9 @@ class GraphedUpdate:
         graph = torch.cuda.CUDAGraph()
         for generator in getattr(self.agent.random, "generators", ()):
             graph.register_generator_state(generator)
+        # an agent no longer used may still hold its graphs in a reference cycle (agent -> GraphedUpdate -> its
+        # bound step): collected during this capture, its graph's release would invalidate the capture
+        gc.collect()
         try:
             with torch.cuda.graph(graph):
                 graph_outputs = self.step(graph_batch, *branch)

@@ -66,8 +66,11 @@ def update_rates(output: str) -> list[float]:
 def batched(args: Args, num_seeds: int) -> float:
     """Each seed's steps/s in one process training `num_seeds` seeds."""
     with tempfile.TemporaryDirectory() as runs:
-        output = subprocess.run(command(args, 1, num_seeds, runs + "/{seed}"), capture_output=True, text=True,
-                                check=True).stdout
+        process = subprocess.run(command(args, 1, num_seeds, runs + "/{seed}"), capture_output=True, text=True)
+    if process.returncode != 0:
+        raise RuntimeError(f"the {num_seeds}-seed process failed (exit {process.returncode}): "
+                           + "\n".join(process.stderr.strip().splitlines()[-5:]))
+    output = process.stdout
     rates = update_rates(output)
     assert len(rates) == num_seeds, output  # one loop: every seed prints the same rate
     return rates[0]
