@@ -9,7 +9,8 @@ machine is held; `run` is the leaderboard of both grids with one worker per cell
 minutes (returning early once every cell has finished), then writes into RESULTS what the cells have so far:
 learning.csv (every evaluation: agent, task, seed, step, mean return, normalised score where the task has
 reference returns), progress.csv (each cell's last logged step, last evaluated step and state), machine.json (the
-device and the commit, which may differ from the speed step's) and the last lines of the leaderboard's log. Collect again later for more; the cells keep running meanwhile.
+device and the commit, which may differ from the speed step's) and the last lines of the leaderboard's log.
+Collect again later for more; the cells keep running meanwhile.
 """
 
 from __future__ import annotations
