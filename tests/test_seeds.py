@@ -18,7 +18,7 @@ import torch
 from keelrl.agents import sac, sac_lag, td3
 from keelrl.agents.harness.checkpoints import CHECKPOINT_FILE
 from keelrl.agents.harness.options import run_cli
-from keelrl.agents.harness.seeds import SEEDS_FILE
+from keelrl.agents.harness.seeds import SEEDS_FILE, SeedView
 from keelrl.buffers import Batch, ReplayBuffer
 from keelrl.evaluate import EvaluateConfig, evaluate_saved
 from keelrl.networks.seeds import stack_seeds
@@ -108,6 +108,19 @@ def test_alpha_and_observation_statistics_stay_per_seed():
     np.testing.assert_allclose(group.obs_norm.mean[1].numpy(), data[1].mean(0), rtol=1e-6)
     assert abs(group.obs_norm.mean[1] - group.obs_norm.mean[0]).min() > 3
     assert abs(group.log_alpha[1] - group.log_alpha[0]) > 1e-3
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_a_seed_of_a_group_on_cuda_is_remade_alone_on_cuda():
+    """Each seed's view remakes that seed alone from its model file, whose tensors lie on the group's device (on an
+    H100 the bounds' .numpy() once failed there: --num-seeds with --device cuda exited at its first evaluation)."""
+    config = sac.SACConfig(hidden_sizes=(16,), device="cuda")
+    group = stack_seeds(lambda: sac.SAC(3, np.array([-1.0]), np.array([1.0]), config), [1, 2], device="cuda").cuda()
+    for index in range(2):
+        single = SeedView(group, index, config, {}).single
+        assert single.action_low.device.type == "cuda" and single.num_seeds == 1
+        for name, tensor in single.state_dict().items():
+            torch.testing.assert_close(tensor, group.state_dict()[name][index], msg=name)
 
 
 def test_seed_directories_load_evaluate_and_resume_together(tmp_path):

@@ -181,7 +181,7 @@ class SavedAgent(nn.Module):
     @classmethod
     def from_model_file(cls, state: dict[str, Any]) -> SavedAgent:
         networks = state["networks"]
-        agent = cls(state["obs_dim"], networks["action_low"].numpy(), networks["action_high"].numpy(),
+        agent = cls(state["obs_dim"], networks["action_low"].cpu().numpy(), networks["action_high"].cpu().numpy(),
                     saved_config(cls.config_cls, state["config"]))
         agent.load_state_dict(networks)
         return agent
