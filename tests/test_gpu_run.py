@@ -151,3 +151,56 @@ def test_speed_rows_of_two_leases_merge_and_other_commits_are_refused(tmp_path):
     write_speed_folder(tmp_path / "c", "def5678", [("eager", "90.0")])
     with pytest.raises(SystemExit, match="commit 'def5678'"):
         page.same_run((tmp_path / "a", tmp_path / "c"))
+
+
+def write_evidence_folder(folder, device: str, grids: dict[str, str]) -> None:
+    """A collect's files: one seed-1 cell per grid, evaluated at step 5000 with return `grids[grid]`."""
+    folder.mkdir()
+    (folder / "machine.json").write_text(json.dumps(dict(device=device, cpus=16, torch="2.11", commit="abc1234")))
+    for name, fields, rows in (
+            ("learning.csv", evidence.LEARNING_FIELDS,
+             [dict(grid=grid, agent="a", task="t", seed=1, step=5000, mean_return=value, normalized_score="")
+              for grid, value in grids.items()]),
+            ("progress.csv", evidence.PROGRESS_FIELDS,
+             [dict(grid=grid, agent="a", task="t", seed=1, state="resume", last_step=5500, last_evaluation=5000,
+                   budget=100000) for grid in grids])):
+        with (folder / name).open("w", newline="") as file:
+            writer = csv.DictWriter(file, fields)
+            writer.writeheader()
+            writer.writerows(rows)
+
+
+def test_each_grid_comes_from_the_latest_collect_that_ran_it_and_names_its_machine(tmp_path):
+    write_evidence_folder(tmp_path / "a", "NVIDIA H100", {"online": "10.0", "offline": "20.0"})
+    write_evidence_folder(tmp_path / "b", "NVIDIA H200", {"online": "30.0"})
+    merged = page.merged_learning((tmp_path / "a", tmp_path / "b"))
+    assert sorted((row["grid"], row["mean_return"]) for row in merged.learning) == [
+        ("offline", "20.0"), ("online", "30.0")]
+    assert sorted(row["grid"] for row in merged.progress) == ["offline", "online"]
+    assert page.learning_machines(merged.machines) == [
+        "The cells of online ran on NVIDIA H200 (16 CPU cores), torch 2.11, keelrl at commit abc1234.",
+        "The cells of offline ran on NVIDIA H100 (16 CPU cores), torch 2.11, keelrl at commit abc1234.", ""]
+    assert page.learning_machines({"online": merged.machines["online"]})[0].startswith(
+        "The learning cells ran on NVIDIA H200")
+
+
+def test_cudagraphs_graphs_the_online_cells_alone_and_collect_reports_the_cells_that_ran(tmp_path):
+    args = evidence.Args("run", runs_dir=tmp_path, device="cpu", cudagraphs=True, agents=("sac-simba", "cql"))
+    commands = {cell.agent.name: cell.command() for cell in evidence.cells(args)}
+    assert "--cudagraphs" in commands["sac-simba"] and "--cudagraphs" not in commands["cql"]
+    assert ["--preset", "simba"] == commands["sac-simba"][commands["sac-simba"].index("--preset"):][:2]
+    [started] = [cell for cell in evidence.cells(args) if cell.agent.name == "sac-simba" and cell.seed == 2]
+    started.cell_dir.mkdir(parents=True)
+    evidence.collect(dataclasses.replace(args, action="collect", out=tmp_path / "out"))
+    assert [(row["agent"], row["seed"], row["state"]) for row in read(tmp_path / "out" / "progress.csv")] == [
+        ("sac-simba", "2", "new")]
+
+
+def test_learning_table_lists_every_cell_before_any_common_evaluation():
+    progress = [dict(grid="g", agent=agent, task="t", seed=1, state="resume", last_step=last, last_evaluation=ev,
+                     budget="100000") for agent, last, ev in [("sac", "6000", "5000"), ("simbav2", "4000", "0")]]
+    learning = [dict(grid="g", agent="sac", task="t", seed=1, step=5000, mean_return="17.0", normalized_score="")]
+    lines = page.learning_section(learning, progress)
+    assert lines[0] == "### g: no step every cell evaluated (some had not reached their first evaluation)"
+    assert "| sac | not measured | 0 | 6,000 (100,000) |" in lines
+    assert "| simbav2 | not measured | 0 | 4,000 (100,000) |" in lines

@@ -3,6 +3,7 @@
     python -m keelrl.benchmarks.gpu.evidence start --runs-dir /tmp/evidence      # returns at once; runs detached
     python -m keelrl.benchmarks.gpu.evidence collect --runs-dir /tmp/evidence --out RESULTS --wait-minutes 9
     python -m keelrl.benchmarks.gpu.evidence start --runs-dir R --tiny --device cpu   # here: 300 steps per cell
+    python -m keelrl.benchmarks.gpu.evidence start --agents sac-scalar sac-simba --cudagraphs   # some cells, graphed
 
 `start` launches `run` in its own session (setsid), so the cells outlive the command that started them while the
 machine is held; `run` is the leaderboard of both grids with one worker per cell. `collect` waits the given
@@ -55,6 +56,9 @@ class Args:
     """MINARI_DATASETS_PATH of the offline cells"""
     agents: tuple[str, ...] = ()
     """only these entries of the grids (default: every one)"""
+    cudagraphs: bool = False
+    """the online (SAC) cells with --cudagraphs: each update replayed as one CUDA graph, losses compiled, several
+    times eager's steps/s (benchmarks/results/gpu.md); CUDA only"""
     commit_file: Path = Path(".gpu/commit.txt")
     """collect: where prepare.sh recorded the commit the cells run"""
 
@@ -69,8 +73,10 @@ def grids(args: Args) -> list[leaderboard.Grid]:
     for grid in map(leaderboard.load_grid, GRIDS):
         agents = tuple(agent for agent in grid.agents if not args.agents or agent.name in args.agents)
         tasks = tuple(dataclasses.replace(task, steps=TINY_STEPS) if args.tiny else task for task in grid.tasks)
+        graphed = {"cudagraphs": True} if args.cudagraphs and grid.family == "online" else {}
         if agents:
-            chosen.append(dataclasses.replace(grid, agents=agents, tasks=tasks, options=grid.options | options))
+            chosen.append(dataclasses.replace(grid, agents=agents, tasks=tasks,
+                                              options=grid.options | options | graphed))
     return chosen
 
 
@@ -83,7 +89,7 @@ def start(args: Args) -> None:
     args.runs_dir.mkdir(parents=True, exist_ok=True)
     command = [sys.executable, "-m", "keelrl.benchmarks.gpu.evidence", "run", "--runs-dir", str(args.runs_dir),
                "--device", args.device, "--datasets", str(args.datasets.resolve()), *(["--tiny"] if args.tiny else []),
-               *(["--agents", *args.agents] if args.agents else [])]
+               *(["--agents", *args.agents] if args.agents else []), *(["--cudagraphs"] if args.cudagraphs else [])]
     with (args.runs_dir / LOG_NAME).open("a") as log:
         subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     print(f"started: {' '.join(command[1:])}; log in {args.runs_dir / LOG_NAME}")
@@ -109,8 +115,9 @@ def evaluations(cell: leaderboard.Cell) -> list[dict]:
 
 
 def collect(args: Args) -> None:
-    """Wait up to --wait-minutes for the cells, then write learning.csv, progress.csv and the log's tail."""
-    every = cells(args)
+    """Wait up to --wait-minutes for the cells, then write learning.csv, progress.csv and the log's tail. Only the
+    cells `run` started count: a lease that ran some entries (--agents) reports those alone."""
+    every = [cell for cell in cells(args) if cell.cell_dir.is_dir()]
     deadline = time.monotonic() + 60 * args.wait_minutes
     while time.monotonic() < deadline and any(cell.state()[0] != "done" for cell in every):
         time.sleep(10)

@@ -3,11 +3,14 @@
     python -m keelrl.benchmarks.gpu.page --results SPEED_RESULTS EVIDENCE_RESULTS --out benchmarks/results/gpu.md
 
 Each --results folder holds what step 1 (benchmarks/gpu/speed.py: environment.json, speed.csv, smoke.csv,
-seeds.md) or a collect of step 2 (benchmarks/gpu/evidence.py: learning.csv, progress.csv) wrote; a file in a
-later folder replaces the same file of an earlier one, so the last collect's learning curves win, but for
-speed.csv, whose rows merge: a short lease may time some settings (speed.py --only) and the next lease of the same
-machine the others, and a measured row is kept unless a later folder measured the same setting again. Folders of
-different commits or devices are refused: their figures do not belong in one table. The page names
+seeds.md) or a collect of step 2 (benchmarks/gpu/evidence.py: learning.csv, progress.csv, machine.json) wrote; a
+file in a later folder replaces the same file of an earlier one, but for two kinds of file that merge:
+- speed.csv: a short lease may time some settings (speed.py --only) and the next lease of the same machine the
+  others; a measured row is kept unless a later folder measured the same setting again. Folders of different
+  commits or devices are refused: their figures do not belong in one table.
+- learning.csv and progress.csv: per grid, the latest folder holding that grid's cells gives its rows, and its
+  machine.json the machine the page names beside them (a lease may run one grid, `evidence.py --agents`).
+seeds.md is named by the machine of its own folder (machine.json or environment.json there). The page names
 the GPU, torch and the commit, gives the speed table with keelrl's best setting over LeanRL's best and over
 CleanRL, the smoke runs, the seeds table, and the learning table at the last evaluation step every cell of a grid
 reached, beside the SimbaV2 repository's published Hopper-v4 figures (REFERENCES.md) and the behaviour policy of
@@ -122,6 +125,31 @@ def smoke_section(rows: list[dict]) -> list[str]:
     return lines
 
 
+@dataclasses.dataclass
+class Learning:
+    """The evaluations and cell progress of every grid, each grid from the latest folder that ran it, and the
+    machine (evidence.py's machine.json) of each grid's folder."""
+    learning: list[dict]
+    progress: list[dict]
+    machines: dict[str, dict | None]  # grid -> machine.json, None where the folder has none
+
+
+def merged_learning(folders: tuple[Path, ...]) -> Learning:
+    by_grid: dict[str, tuple[list[dict], list[dict], dict | None]] = {}
+    for folder in folders:
+        if not (folder / "progress.csv").is_file():
+            continue
+        progress, learning = read_csv(folder / "progress.csv"), read_csv(folder / "learning.csv")
+        machine_file = folder / "machine.json"
+        machine = json.loads(machine_file.read_text()) if machine_file.is_file() else None
+        for grid in dict.fromkeys(row["grid"] for row in progress):
+            by_grid[grid] = ([row for row in learning if row["grid"] == grid],
+                             [row for row in progress if row["grid"] == grid], machine)
+    return Learning(learning=[row for rows, _, _ in by_grid.values() for row in rows],
+                    progress=[row for _, rows, _ in by_grid.values() for row in rows],
+                    machines={grid: machine for grid, (_, _, machine) in by_grid.items()})
+
+
 def seeds_of(rows: list[dict]) -> dict[tuple[str, str], list[dict]]:
     """Evaluations grouped by (grid, agent), then (seed) in step order."""
     grouped: dict[tuple[str, str], list[dict]] = defaultdict(list)
@@ -143,14 +171,14 @@ def learning_section(learning: list[dict], progress: list[dict]) -> list[str]:
         step = common_step(progress, grid)
         offline = any(row["normalized_score"] for row in learning if row["grid"] == grid)
         measure = "normalised score" if offline else "evaluation return"
-        lines += [f"### {grid}: at step {step:,} (the last evaluation every cell reached)", "",
+        heading = (f"at step {step:,} (the last evaluation every cell reached)" if step else
+                   "no step every cell evaluated (some had not reached their first evaluation)")
+        lines += [f"### {grid}: {heading}", "",
                   f"| agent | {measure}, mean ± std over seeds | seeds | steps each seed reached (budget) |",
                   "|---|---|---|---|"]
-        for (row_grid, agent), rows in seeds_of(learning).items():
-            if row_grid != grid:
-                continue
-            at_step = [float(row["normalized_score" if offline else "mean_return"]) for row in rows
-                       if int(row["step"]) == step]
+        for agent in dict.fromkeys(row["agent"] for row in progress if row["grid"] == grid):
+            at_step = [float(row["normalized_score" if offline else "mean_return"]) for row in learning
+                       if row["grid"] == grid and row["agent"] == agent and int(row["step"]) == step]
             cells = [row for row in progress if row["grid"] == grid and row["agent"] == agent]
             reached, budget = [f"{int(row['last_step']):,}" for row in cells], int(cells[0]["budget"])
             spread = statistics.pstdev(at_step) if len(at_step) > 1 else 0.0
@@ -165,13 +193,27 @@ def learning_section(learning: list[dict], progress: list[dict]) -> list[str]:
     return lines
 
 
-def learning_machine(path: Path | None) -> list[str]:
-    """Where the learning cells ran (evidence.py's machine.json): a lease other than the speed step's may run them."""
-    if path is None:
-        return ["Machine and commit of the learning cells: not recorded.", ""]
-    machine = json.loads(path.read_text())
-    return [f"The learning cells ran on {machine['device']} ({machine['cpus']} CPU cores), torch {machine['torch']}, "
-            f"keelrl at commit {machine['commit']}.", ""]
+def described(machine: dict) -> str:
+    return f"{machine['device']} ({machine['cpus']} CPU cores), torch {machine['torch']}, keelrl at commit " \
+           f"{machine['commit']}"
+
+
+def learning_machines(machines: dict[str, dict | None]) -> list[str]:
+    """Where each grid's cells ran (evidence.py's machine.json): leases other than the speed step's may run them."""
+    if len({json.dumps(machine, sort_keys=True) for machine in machines.values()}) == 1:
+        machine = next(iter(machines.values()))
+        return [f"The learning cells ran on {described(machine)}." if machine else
+                "Machine and commit of the learning cells: not recorded.", ""]
+    return [f"The cells of {grid} ran on {described(machine)}." if machine else
+            f"Machine and commit of the cells of {grid}: not recorded." for grid, machine in machines.items()] + [""]
+
+
+def seeds_machine(seeds_file: Path) -> list[str]:
+    """The machine of seeds.md's own folder, where it names one."""
+    for name in ("machine.json", "environment.json"):
+        if (seeds_file.parent / name).is_file():
+            return [f"Measured on {described(json.loads((seeds_file.parent / name).read_text()))}.", ""]
+    return []
 
 
 def plot_curves(learning: list[dict], path: Path) -> None:
@@ -206,7 +248,7 @@ def plot_curves(learning: list[dict], path: Path) -> None:
 def write_page(args: Args) -> Path:
     files = read_files(args.results)
     environment = same_run(args.results)
-    learning, progress = read_csv(files.get("learning.csv")), read_csv(files.get("progress.csv"))
+    evidence = merged_learning(args.results)
     curves = args.out.with_name(f"{args.out.stem}_curves.png")
     trial = ["", "**A trial with --tiny: a check of the scripts, not evidence.**"] if environment["tiny"] else []
     lines = ["# keelrl on a GPU: speed beside LeanRL and CleanRL, and learning on Hopper", *trial, "",
@@ -228,11 +270,12 @@ def write_page(args: Args) -> Path:
              "environment step is the action going to the environment.", "",
              *smoke_section(read_csv(files.get("smoke.csv"))), "",
              "## Several seeds in one process (--num-seeds)", "",
-             files["seeds.md"].read_text().strip() if "seeds.md" in files else "not measured", "",
+             *(seeds_machine(files["seeds.md"]) + [files["seeds.md"].read_text().strip()] if "seeds.md" in files
+               else ["not measured"]), "",
              "## Learning", ""]
-    if learning:
-        plot_curves(learning, curves)
-        lines += [*learning_machine(files.get("machine.json")), *learning_section(learning, progress),
+    if evidence.learning:
+        plot_curves(evidence.learning, curves)
+        lines += [*learning_machines(evidence.machines), *learning_section(evidence.learning, evidence.progress),
                   f"![curves]({curves.name})"]
     else:
         lines.append("not measured")
