@@ -24,6 +24,11 @@ cp "$shared"/prefix.sh "$shared"/fetch-wheels.sh .gpu/
 # the GPU machine has no libEGL: with MUJOCO_GL=egl `import mujoco` fails (AttributeError, not ImportError);
 # no GPU step renders, so rendering is switched off
 sed -i 's/MUJOCO_GL=egl/MUJOCO_GL=disable/' .gpu/prefix.sh
+# keelrl is installed into /tmp/site on every command; without --upgrade pip keeps the copy a previous command left
+# on a warm machine, so a fix made between two commands would not run (seen on an H100, 2026-11-26)
+sed -i 's/--no-build-isolation --no-cache-dir --target/--no-build-isolation --no-cache-dir --upgrade --target/' .gpu/prefix.sh
+grep -q -- '--no-cache-dir --upgrade --target /tmp/site \. ' .gpu/prefix.sh \
+  || { echo "the shared prefix.sh changed: make its keelrl install replace the previous copy (--upgrade) by hand"; exit 1; }
 
 # the wheels: torchrl 0.12 is the release of torch 2.11's generation and asks for tensordict 0.12 (keelrl needs
 # neither), so the shared list's newer tensordict goes
