@@ -77,7 +77,7 @@ def merged_speed_rows(folders: tuple[Path, ...]) -> list[dict]:
     measured row, else the latest row."""
     merged: dict[tuple[str, str, str], dict] = {}
     for folder in folders:
-        for row in read_csv(folder / "speed.csv" if (folder / "speed.csv").is_file() else None):
+        for row in read_csv(folder / "speed.csv"):
             key = row["algo"], row["implementation"], row["setting"]
             if row["steps_per_s"] or not merged.get(key, {}).get("steps_per_s"):
                 merged[key] = row
@@ -86,7 +86,7 @@ def merged_speed_rows(folders: tuple[Path, ...]) -> list[dict]:
 
 def read_csv(path: Path | None) -> list[dict]:
     """The rows of a result file ([] when the run brought none back)."""
-    return [] if path is None else read_csv_rows(path)
+    return read_csv_rows(path) if path is not None and path.is_file() else []
 
 
 def speed_section(rows: list[dict]) -> list[str]:
@@ -135,19 +135,16 @@ class Learning:
 
 
 def merged_learning(folders: tuple[Path, ...]) -> Learning:
-    by_grid: dict[str, tuple[list[dict], list[dict], dict | None]] = {}
+    latest: dict[str, Path] = {}  # grid -> the latest folder whose progress.csv holds its cells
     for folder in folders:
-        if not (folder / "progress.csv").is_file():
-            continue
-        progress, learning = read_csv(folder / "progress.csv"), read_csv(folder / "learning.csv")
-        machine_file = folder / "machine.json"
-        machine = json.loads(machine_file.read_text()) if machine_file.is_file() else None
-        for grid in dict.fromkeys(row["grid"] for row in progress):
-            by_grid[grid] = ([row for row in learning if row["grid"] == grid],
-                             [row for row in progress if row["grid"] == grid], machine)
-    return Learning(learning=[row for rows, _, _ in by_grid.values() for row in rows],
-                    progress=[row for _, rows, _ in by_grid.values() for row in rows],
-                    machines={grid: machine for grid, (_, _, machine) in by_grid.items()})
+        latest |= {row["grid"]: folder for row in read_csv(folder / "progress.csv")}
+
+    def rows(name: str) -> list[dict]:
+        return [row for grid, folder in latest.items() for row in read_csv(folder / name) if row["grid"] == grid]
+
+    return Learning(learning=rows("learning.csv"), progress=rows("progress.csv"),
+                    machines={grid: json.loads((folder / "machine.json").read_text())
+                              if (folder / "machine.json").is_file() else None for grid, folder in latest.items()})
 
 
 def seeds_of(rows: list[dict]) -> dict[tuple[str, str], list[dict]]:
