@@ -157,21 +157,22 @@ class ReplayBuffer:
         )
 
     def state_dict(self) -> dict[str, torch.Tensor]:
-        """The stored transitions and sampling state (tensors only, safe to load with weights_only)."""
+        """The stored transitions and sampling state (tensors only, safe to load with weights_only). The filled rows
+        are copied: torch.save writes a view's whole storage, so a view would save the full capacity."""
         state = {
-            "obs": self.obs[: self.size],
-            "next_obs": self.next_obs[: self.size],
-            "actions": self.actions[: self.size],
-            "rewards": self.rewards[: self.size],
-            "terminated": self.terminated[: self.size],
-            "truncated": self.truncated[: self.size],
+            "obs": self.obs[: self.size].clone(),
+            "next_obs": self.next_obs[: self.size].clone(),
+            "actions": self.actions[: self.size].clone(),
+            "rewards": self.rewards[: self.size].clone(),
+            "terminated": self.terminated[: self.size].clone(),
+            "truncated": self.truncated[: self.size].clone(),
             "pos": torch.tensor(self.pos),
             "capacity": torch.tensor(self.capacity),
             "num_envs": torch.tensor(self.num_envs),
             "generator": self.generator.get_state(),
         }
         if self.costs is not None:
-            state["costs"] = self.costs[: self.size]
+            state["costs"] = self.costs[: self.size].clone()
         return state
 
     def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:

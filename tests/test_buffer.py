@@ -117,6 +117,16 @@ def test_save_load_round_trip_continues_the_same_samples(tmp_path):
         ReplayBuffer(60, (3,), (2,), num_envs=2, store_cost=True).load(tmp_path / "buffer.pt")
 
 
+def test_saved_file_holds_the_filled_rows_not_the_capacity(tmp_path):
+    """A run checkpoints early and often: 10 transitions in a 100k buffer must not write 100k rows (torch.save of a
+    slice view writes its whole storage)."""
+    buffer = ReplayBuffer(100_000, (3,), (2,), store_cost=True)
+    add_steps(buffer, 10, 1)
+    buffer.save(tmp_path / "buffer.pt")
+    full_capacity_bytes = 100_000 * (3 + 3 + 2 + 1 + 1) * 4
+    assert (tmp_path / "buffer.pt").stat().st_size < full_capacity_bytes / 100
+
+
 def test_bad_arguments():
     with pytest.raises(ValueError):
         ReplayBuffer(0, (3,), (2,))
