@@ -4,7 +4,10 @@ with the very episodes it was in, bit for bit, instead of starting new ones.
 What can be saved (`episode_state` returns None for anything else, and the run starts new episodes, as every
 agent does on resume):
 - gymnasium's MuJoCo envs: their full integration state (`mujoco.mj_getState` with mjSTATE_INTEGRATION, what
-  MuJoCo gives for bit-for-bit continuation of a simulation) and their random generator (reset noise);
+  MuJoCo gives for bit-for-bit continuation of a simulation), the body positions an env's `step` reads before it
+  simulates (Ant's torso `xpos`, Humanoid's centre of mass from `xipos`: mj_step computed them from the
+  positions before its last integration, so neither the state nor mj_forward gives them back) and their random
+  generator (reset noise);
 - any env whose unwrapped class has `episode_state()` and `load_episode_state(state)` (tensors and plain
   values);
 - behind the wrappers gymnasium.make and keelrl put around them: TimeLimit and keelrl's CostWrapper (whose only
@@ -25,6 +28,8 @@ from keelrl.envs.safety import CostWrapper
 COUNTERS = {TimeLimit: "_elapsed_steps", CostWrapper: "_episode_step", OrderEnforcing: "_has_reset"}
 """The wrappers an episode state covers, each with the one attribute it keeps between steps."""
 STATELESS = (PassiveEnvChecker,)
+DERIVED_POSITIONS = ("xpos", "xipos")
+"""MjData's body positions (nbody, 3) that gymnasium's MuJoCo envs read in `step` before simulating."""
 
 
 def episode_state(env: gym.Env) -> dict[str, Any] | None:
@@ -53,6 +58,9 @@ def load_episode_state(env: gym.Env, state: dict[str, Any]) -> None:
     import mujoco
 
     mujoco.mj_setState(env.model, env.data, np.asarray(state["env"]["mujoco"]), mujoco.mjtState.mjSTATE_INTEGRATION)
+    for name in DERIVED_POSITIONS:
+        if name in state["env"]:  # absent from checkpoints written before they were saved
+            getattr(env.data, name)[:] = state["env"][name]
     env.np_random.bit_generator.state = state["env"]["np_random"]
 
 
@@ -66,7 +74,8 @@ def _inner_state(env: gym.Env) -> dict[str, Any] | None:
     spec = mujoco.mjtState.mjSTATE_INTEGRATION
     state = np.empty(mujoco.mj_stateSize(env.model, spec))
     mujoco.mj_getState(env.model, env.data, state, spec)
-    return {"mujoco": state.tolist(), "np_random": env.np_random.bit_generator.state}
+    derived = {name: getattr(env.data, name).tolist() for name in DERIVED_POSITIONS}
+    return {"mujoco": state.tolist(), **derived, "np_random": env.np_random.bit_generator.state}
 
 
 def _is_mujoco(env: gym.Env) -> bool:
