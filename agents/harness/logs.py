@@ -80,6 +80,7 @@ class RunLogger:
         })
         handle.flush()
         self.scalars({"eval/episodic_return": returns.mean(), "eval/episodic_cost": costs.mean()}, step)
+        self.writer.flush()  # on disk now, as in eval.csv, not when the writer's queue or 2-minute timer next flushes
 
     def close(self) -> None:
         self.writer.close()
