@@ -287,7 +287,8 @@ class SAC(SavedAgent):
                                                                                                       torch.Tensor]:
         """The critics' summed loss against r + γ(1 − terminated)(min Q'(s', a') − α log π(a'|s')), a' ~ π(·|s')
         drawn with `noise` (B, A), the minimum over the target critics `members` (all, or a random subset), and
-        their detached outputs (E, B, K)."""
+        the critics' detached values Q(s, a) (E, B) (taken here, where a seed group's batched pass gives each seed
+        its own categorical support)."""
         with torch.no_grad():
             next_actions, next_log_prob = self.actor.sample(batch.next_obs, noise)
             next_outputs = self.critic_target(batch.next_obs, next_actions)[members]  # (E, B, K) -> (M, B, K)
@@ -296,7 +297,7 @@ class SAC(SavedAgent):
         outputs = self.critic(batch.obs, batch.actions)  # (E, B, K)
         # squared error (scalar critic) or cross-entropy against the target distribution (C51, HL-Gauss), (E, B)
         per_sample = self.head.loss(outputs, target)
-        return per_sample.mean(dim=1).sum(), outputs.detach()
+        return per_sample.mean(dim=1).sum(), self.head.value(outputs.detach())  # values (E, B)
 
     def actor_loss(self, obs: torch.Tensor, noise: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """α log π(a|s) − min_i Q_i(s, a) with a ~ π(·|s) drawn with `noise` (B, A), and the detached log π(a|s)."""
@@ -307,10 +308,10 @@ class SAC(SavedAgent):
     def update_critic(self, batch: Batch) -> dict[str, torch.Tensor]:
         noise = self.random.normal(*batch.rewards.shape[-1:], self.action_low.shape[-1])
         members = self.random.members(self.config.num_critics, self.config.critic_subset_size)
-        critic_loss, outputs = self._critic_loss(batch, noise, members)  # a seed group: (S,), (S, E, B, K)
+        critic_loss, values = self._critic_loss(batch, noise, members)  # a seed group: (S,), (S, E, B)
         optimizer_step(self.optimizers["critic"], critic_loss, self.critic)
         return {"losses/qf_loss": critic_loss.detach() / self.config.num_critics,
-                "losses/qf_values": self.head.value(outputs).flatten(-2).mean(-1)}
+                "losses/qf_values": values.flatten(-2).mean(-1)}
 
     def update_actor_and_alpha(self, obs: torch.Tensor) -> dict[str, torch.Tensor]:
         noise = self.random.normal(*obs.shape[-2:-1], self.action_low.shape[-1])

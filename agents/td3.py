@@ -268,8 +268,9 @@ class TD3(SavedAgent):
     def critic_loss(self, batch: Batch, noise: torch.Tensor, members: torch.Tensor | slice) -> tuple[torch.Tensor,
                                                                                                       torch.Tensor]:
         """The critics' summed loss against r + γ(1 − terminated) min Q'(s', ã'), ã' the target action smoothed
-        with `noise` (B, A), the minimum over the target critics `members` (all, or a random subset), and their
-        detached outputs (E, B, K)."""
+        with `noise` (B, A), the minimum over the target critics `members` (all, or a random subset), and the
+        critics' detached values Q(s, a) (E, B) (taken here, where a seed group's batched pass gives each seed its
+        own categorical support)."""
         with torch.no_grad():
             next_actions = self.smoothed_target_actions(batch.next_obs, noise)
             next_outputs = self.critic_target(batch.next_obs, next_actions)[members]  # (E, B, K) -> (M, B, K)
@@ -277,7 +278,7 @@ class TD3(SavedAgent):
         outputs = self.critic(batch.obs, batch.actions)  # (E, B, K)
         # squared error (scalar critic) or cross-entropy against the target distribution (C51, HL-Gauss), (E, B)
         per_sample = self.head.loss(outputs, target)
-        return per_sample.mean(dim=1).sum(), outputs.detach()
+        return per_sample.mean(dim=1).sum(), self.head.value(outputs.detach())  # values (E, B)
 
     def first_critic_value(self, obs: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
         """Q1(s, a) (B,), the first critic's (an MLP ensemble computes that member alone)."""
@@ -294,10 +295,10 @@ class TD3(SavedAgent):
     def update_critic(self, batch: Batch) -> dict[str, torch.Tensor]:
         noise = self.random.normal(*batch.rewards.shape[-1:], self.action_low.shape[-1])
         members = self.random.members(self.config.num_critics, self.config.critic_subset_size)
-        critic_loss, outputs = self._critic_loss(batch, noise, members)  # a seed group: (S,), (S, E, B, K)
+        critic_loss, values = self._critic_loss(batch, noise, members)  # a seed group: (S,), (S, E, B)
         optimizer_step(self.optimizers["critic"], critic_loss, self.critic)
         return {"losses/qf_loss": critic_loss.detach() / self.config.num_critics,
-                "losses/qf_values": self.head.value(outputs).flatten(-2).mean(-1)}
+                "losses/qf_values": values.flatten(-2).mean(-1)}
 
     def update_actor(self, obs: torch.Tensor) -> dict[str, torch.Tensor]:
         with frozen(self.critic):  # the actor loss needs gradients w.r.t. actions only

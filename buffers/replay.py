@@ -158,21 +158,22 @@ class ReplayBuffer:
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         """The stored transitions and sampling state (tensors only, safe to load with weights_only). The filled rows
-        are copied: torch.save writes a view's whole storage, so a view would save the full capacity."""
+        are copied to the host: torch.save writes a view's whole storage, so a view would save the full capacity
+        (and a copy on the GPU would take a second buffer's memory there)."""
         state = {
-            "obs": self.obs[: self.size].clone(),
-            "next_obs": self.next_obs[: self.size].clone(),
-            "actions": self.actions[: self.size].clone(),
-            "rewards": self.rewards[: self.size].clone(),
-            "terminated": self.terminated[: self.size].clone(),
-            "truncated": self.truncated[: self.size].clone(),
+            "obs": self.obs[: self.size].to("cpu", copy=True),
+            "next_obs": self.next_obs[: self.size].to("cpu", copy=True),
+            "actions": self.actions[: self.size].to("cpu", copy=True),
+            "rewards": self.rewards[: self.size].to("cpu", copy=True),
+            "terminated": self.terminated[: self.size].to("cpu", copy=True),
+            "truncated": self.truncated[: self.size].to("cpu", copy=True),
             "pos": torch.tensor(self.pos),
             "capacity": torch.tensor(self.capacity),
             "num_envs": torch.tensor(self.num_envs),
             "generator": self.generator.get_state(),
         }
         if self.costs is not None:
-            state["costs"] = self.costs[: self.size].clone()
+            state["costs"] = self.costs[: self.size].to("cpu", copy=True)
         return state
 
     def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:

@@ -39,7 +39,7 @@ import torch
 
 from keelrl.agents import cql, iql, sac, sac_lag, stream_ac, stream_q, td3, td3_lag
 from keelrl.agents.harness import loop as harness_loop
-from keelrl.agents.harness.checkpoints import CHECKPOINT_FILE
+from keelrl.agents.harness.checkpoints import CHECKPOINT_FILE, restore_rng_state, rng_state
 from keelrl.benchmarks.make_datasets import collect
 from keelrl.buffers import ReplayBuffer
 from keelrl.buffers.offline import DatasetBuffer
@@ -512,3 +512,16 @@ def test_streaming_resume_restores_networks_obgd_statistics_and_rng(algo, tmp_pa
         assert optimizer["num_steps"] == 100 and optimizer["second_moment"].abs().sum() > 0, name
     assert_same(saved, restored)
     assert_optimizers_drive_the_agent(run.live["agent"])
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_the_cuda_generators_are_saved_and_restored():
+    """SAC's and TD3's noise on the GPU comes from CUDA's generators: a resumed run (which seeds everything anew
+    first) goes on with their saved state, not the stream's beginning."""
+    generator = np.random.default_rng(0)
+    torch.randn(1, device="cuda")
+    state = rng_state(generator)
+    expected = torch.randn(4, device="cuda")
+    torch.manual_seed(0)
+    restore_rng_state(state, generator)
+    torch.testing.assert_close(torch.randn(4, device="cuda"), expected)

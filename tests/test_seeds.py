@@ -110,6 +110,29 @@ def test_alpha_and_observation_statistics_stay_per_seed():
     assert abs(group.log_alpha[1] - group.log_alpha[0]) > 1e-3
 
 
+@pytest.mark.parametrize("algo", ["sac", "td3"])
+@pytest.mark.parametrize("head", ["c51", "hlgauss"])
+def test_categorical_critics_of_a_group_learn_and_log_as_each_seed_alone(algo, head):
+    """Stacked, each seed's categorical head holds its own support: the group's updates (its logged Q-values
+    included, once computed outside the batched pass on the stacked (S, K) support and failing) equal each seed's
+    own."""
+    agent_cls, config_cls, _ = AGENTS[algo]
+    config = config_cls(hidden_sizes=(16,), critic_head=head, v_min=-10.0, v_max=10.0, num_bins=11)
+    rng = np.random.default_rng(0)
+    batches = [Batch(*(torch.as_tensor(rng.normal(size=shape), dtype=torch.float32)
+                       for shape in ((8, 3), (8, 1), (8,), (8, 3))), torch.zeros(8), torch.full((8,), 0.99))
+               for _ in range(2)]
+    group = stack_seeds(lambda: agent_cls(3, np.array([-1.0]), np.array([1.0]), config), [1, 2])
+    stacked = Batch(*(torch.stack(fields) for fields in zip(*(batch[:6] for batch in batches))))
+    group_losses = [group.update(stacked) for _ in range(3)]
+    for k, seed in enumerate((1, 2)):
+        torch.manual_seed(seed)
+        single = agent_cls(3, np.array([-1.0]), np.array([1.0]), config)
+        for losses in group_losses:
+            for name, value in single.update(batches[k]).items():
+                torch.testing.assert_close(losses[name][k], value, rtol=1e-5, atol=1e-6, msg=name)
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_a_seed_of_a_group_on_cuda_is_remade_alone_on_cuda():
     """Each seed's view remakes that seed alone from its model file, whose tensors lie on the group's device (on an

@@ -78,14 +78,20 @@ def one_line(err: Exception, limit: int = 160) -> str:
 
 
 def rng_state(numpy_rng: np.random.Generator) -> dict[str, Any]:
-    """Every random state a run uses, in a form `torch.load(weights_only=True)` accepts."""
-    return {"python": random.getstate(), "numpy_rng": numpy_rng.bit_generator.state, "torch": torch.get_rng_state()}
+    """Every random state a run uses, in a form `torch.load(weights_only=True)` accepts: on the GPU also CUDA's
+    generators, which `torch.randn(..., device="cuda")` draws from (SAC's and TD3's noise)."""
+    state = {"python": random.getstate(), "numpy_rng": numpy_rng.bit_generator.state, "torch": torch.get_rng_state()}
+    if torch.cuda.is_initialized():
+        state["torch_cuda"] = torch.cuda.get_rng_state_all()
+    return state
 
 
 def restore_rng_state(state: dict[str, Any], numpy_rng: np.random.Generator) -> None:
     random.setstate(state["python"])
     numpy_rng.bit_generator.state = state["numpy_rng"]
     torch.set_rng_state(state["torch"])
+    for device, cuda_state in enumerate(state.get("torch_cuda", [])[: torch.cuda.device_count()]):
+        torch.cuda.set_rng_state(cuda_state, device)
 
 
 def non_finite_entry(state: Any, path: str = "") -> str | None:
