@@ -17,7 +17,7 @@ import torch
 
 from keelrl.agents import sac, stream_q
 from keelrl.agents.harness import checkpoints, loop
-from keelrl.agents.harness.checkpoints import BUFFER_FILE, CHECKPOINT_FILE, NEXT_BUFFER_FILE
+from keelrl.agents.harness.checkpoints import BUFFER_FILE, CHECKPOINT_FILE, NEXT_BUFFER_FILE, NEXT_CHECKPOINT_FILE
 from keelrl.agents.harness.options import run_cli
 from keelrl.buffers import ReplayBuffer
 
@@ -96,10 +96,11 @@ def test_a_signal_mid_run_checkpoints_and_resume_reaches_the_budget(module, args
 def test_a_second_signal_while_stopping_is_ignored(tmp_path):
     code, err, run_dir = signal_once_running(["keelrl.agents.sac", *SAC_ARGS, "--total-timesteps", "1500"], tmp_path,
                                              signal.SIGTERM, after_step=300, second_signal=signal.SIGINT)
-    # both are pending at once, and Python takes them in signal-number order: the first one taken decides
-    first, second = (line.split()[0].rstrip(":") for line in err.splitlines() if "finishing this step" in line
-                     or "while stopping: ignored" in line)
-    assert {first, second} == {"SIGTERM", "SIGINT"} and f"{second} while stopping: ignored" in err, err
+    # both are pending at once, and Python takes them in signal-number order: the first one taken decides (its
+    # line may come second: the second handler can run inside the first, before the first has printed)
+    (first,) = (line.split(":")[0] for line in err.splitlines() if "finishing this step" in line)
+    (second,) = (line.split()[0] for line in err.splitlines() if "while stopping: ignored" in line)
+    assert {first, second} == {"SIGTERM", "SIGINT"}, err
     assert code == 128 + signal.Signals[first] and "Traceback" not in err, err
     checkpoint = torch.load(run_dir / CHECKPOINT_FILE, weights_only=True)  # whole, and paired with its buffer
     buffer = torch.load(run_dir / BUFFER_FILE, weights_only=True)
@@ -176,7 +177,7 @@ def test_a_kill_between_the_buffer_and_the_checkpoint_resumes_from_the_previous_
     real_write = checkpoints.write_atomically
 
     def write(path, state):
-        if Path(path).name == CHECKPOINT_FILE and state["global_step"] == 400:
+        if Path(path).name == NEXT_CHECKPOINT_FILE and state["global_step"] == 400:
             raise Killed  # the buffer of step 400 is on disk; its checkpoint never comes
         real_write(path, state)
 
@@ -193,6 +194,28 @@ def test_a_kill_between_the_buffer_and_the_checkpoint_resumes_from_the_previous_
     assert resume(run_dir) == 0
     assert buffers == [200]  # the buffer saved with the checkpoint resumed from, not the newer one
     assert torch.load(run_dir / BUFFER_FILE, weights_only=True)["rewards"].shape == (600,)
+
+
+def test_a_kill_before_the_checkpoint_is_put_in_place_resumes_from_it(tmp_path, monkeypatch):
+    """checkpoint.next.pt and buffer.next.pt of step 400 are whole on disk; the renames never came."""
+    real_commit = loop.commit_checkpoint
+
+    def commit(run_dir):
+        if checkpoints.saved_step(run_dir / NEXT_CHECKPOINT_FILE) == 400:
+            raise Killed
+        real_commit(run_dir)
+
+    monkeypatch.setattr(loop, "commit_checkpoint", commit)
+    with pytest.raises(Killed):
+        sac.train(sac.SACConfig(env_id="InvertedPendulum-v5", total_timesteps=600, learning_starts=100, batch_size=16,
+                                hidden_sizes=(16, 16), checkpoint_freq=200, eval_freq=0, quiet=True,
+                                runs_dir=str(tmp_path)))
+    monkeypatch.setattr(loop, "commit_checkpoint", real_commit)
+    (run_dir,) = tmp_path.iterdir()
+    assert checkpoints.saved_step(run_dir / CHECKPOINT_FILE) == 200
+    buffers = buffer_sizes_at_restore(monkeypatch)
+    assert resume(run_dir) == 0
+    assert buffers == [400] and not (run_dir / NEXT_CHECKPOINT_FILE).exists()
 
 
 def test_a_kill_before_the_last_rename_resumes_with_the_new_buffer(tmp_path, monkeypatch):

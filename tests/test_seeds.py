@@ -5,6 +5,7 @@ single run's."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import signal
 import subprocess
@@ -16,7 +17,8 @@ import pytest
 import torch
 
 from keelrl.agents import sac, sac_lag, td3
-from keelrl.agents.harness.checkpoints import CHECKPOINT_FILE
+from keelrl.agents.harness import loop
+from keelrl.agents.harness.checkpoints import CHECKPOINT_FILE, NEXT_CHECKPOINT_FILE, saved_step
 from keelrl.agents.harness.options import run_cli
 from keelrl.agents.harness.seeds import SEEDS_FILE, SeedView
 from keelrl.buffers import Batch, ReplayBuffer
@@ -175,6 +177,68 @@ def test_seed_directories_load_evaluate_and_resume_together(tmp_path):
         assert evaluation.algo == "sac" and len(evaluation.returns) == 2
     first, second = (sac.SAC.load(d / "model.pt").actor.trunk[0].weight for d in run_dirs)
     assert not torch.allclose(first, second)  # two seeds, two agents
+
+
+def test_the_seeds_of_a_group_checkpoint_by_the_clock_at_the_same_steps(tmp_path, monkeypatch):
+    """--checkpoint-minutes: one clock decides for the group at each step (each seed's own once crossed the minute
+    at different steps: 1297 for one seed, 1298 for the other)."""
+    written: dict[str, list[int]] = {"seed7": [], "seed8": []}
+    real_write = loop.write_checkpoint
+
+    def write(run_dir, state, replay):
+        written[Path(run_dir).parent.name].append(state["global_step"])
+        real_write(run_dir, state, replay)
+
+    monkeypatch.setattr(loop, "write_checkpoint", write)
+    sac.train(sac.SACConfig(**{**TINY, "total_timesteps": 1500, "checkpoint_freq": 100_000}, checkpoint_minutes=0.002,
+                            num_seeds=2, seed=7, runs_dir=str(tmp_path / "seed{seed}")))
+    assert len(written["seed7"]) > 3 and written["seed7"] == written["seed8"]
+
+
+class Killed(Exception):
+    """Stands in for a SIGKILL of the training process."""
+
+
+@pytest.mark.parametrize("kill, resumed_at", [("before seed 8 wrote", 200), ("after seed 7 was put in place", 300)])
+def test_a_group_killed_while_checkpointing_resumes_every_seed_from_one_step(kill, resumed_at, tmp_path, monkeypatch):
+    """The seeds write their checkpoints one after the other, and the group puts them in place once all are
+    written: killed before every seed wrote its step-300 checkpoint, both seeds resume from 200; killed while
+    putting them in place, both from 300 (each seed's own clock and files once left them a checkpoint apart)."""
+    config = sac.SACConfig(**{**TINY, "total_timesteps": 400, "checkpoint_freq": 100}, num_seeds=2, seed=7,
+                           runs_dir=str(tmp_path / "seed{seed}"))
+    real_write, real_commit, real_logger = loop.write_checkpoint, loop.commit_checkpoint, loop.RunLogger
+
+    def write(run_dir, state, replay):
+        if kill == "before seed 8 wrote" and "seed8" in str(run_dir) and state["global_step"] == 300:
+            raise Killed
+        real_write(run_dir, state, replay)
+
+    def commit(run_dir):
+        if kill == "after seed 7 was put in place" and "seed8" in str(run_dir) and saved_step(
+                run_dir / NEXT_CHECKPOINT_FILE) == 300:
+            raise Killed
+        real_commit(run_dir)
+
+    monkeypatch.setattr(loop, "write_checkpoint", write)
+    monkeypatch.setattr(loop, "commit_checkpoint", commit)
+    with pytest.raises(Killed):
+        sac.train(config)
+    run_dirs = [next((tmp_path / f"seed{seed}").iterdir()) for seed in (7, 8)]
+    assert [saved_step(d / CHECKPOINT_FILE) for d in run_dirs] == ([200, 200] if resumed_at == 200 else [300, 200])
+    assert any((d / NEXT_CHECKPOINT_FILE).is_file() for d in run_dirs)  # the step-300 checkpoint left pending
+    monkeypatch.undo()
+    resumed_from = []
+
+    def logger(run_dir, resume_step=None, **options):
+        resumed_from.append(resume_step)
+        return real_logger(run_dir, resume_step, **options)
+
+    monkeypatch.setattr(loop, "RunLogger", logger)
+    assert sac.train(dataclasses.replace(config, resume=str(run_dirs[1]))).global_step == 400
+    assert resumed_from == [resumed_at, resumed_at]
+    for run_dir in run_dirs:
+        assert saved_step(run_dir / CHECKPOINT_FILE) == 400 and (run_dir / "model.pt").is_file()
+        assert not (run_dir / NEXT_CHECKPOINT_FILE).exists()
 
 
 def test_refusals(tmp_path, capsys):

@@ -26,6 +26,8 @@ from keelrl.envs.streaming_wrappers import space_from_dict, space_to_dict
 from keelrl.networks import pack_training_state, unpack_training_state
 
 CHECKPOINT_FILE = "checkpoint.pt"
+NEXT_CHECKPOINT_FILE = "checkpoint.next.pt"
+"""the checkpoint being written, until it is put in place"""
 BUFFER_FILE = "buffer.pt"
 NEXT_BUFFER_FILE = "buffer.next.pt"
 """the replay buffer of the checkpoint being written, until that checkpoint is in place"""
@@ -108,15 +110,50 @@ def non_finite_entry(state: Any, path: str = "") -> str | None:
 
 
 def write_checkpoint(run_dir: Path, state: dict[str, Any], replay: ReplayBuffer | None) -> None:
-    """checkpoint.pt, and with `replay` the replay buffer as buffer.pt, as one pair stamped alike: the buffer is
-    written to buffer.next.pt, then the checkpoint with the stamp replaces checkpoint.pt, then the buffer
-    replaces buffer.pt, so a kill at any moment leaves a checkpoint whose buffer is on disk."""
+    """A checkpoint, and with `replay` the replay buffer, as one pair stamped alike, written beside the one in
+    place: the buffer to buffer.next.pt, then the checkpoint to checkpoint.next.pt. `commit_checkpoint` puts them in
+    place (a run at once; a seed group once every seed has written its own)."""
     stamp = {"global_step": state["global_step"], "id": uuid.uuid4().hex}
     if replay is not None:
         write_atomically(run_dir / NEXT_BUFFER_FILE, {**replay.state_dict(), "stamp": stamp})
-    write_atomically(run_dir / CHECKPOINT_FILE, {**state, "stamp": stamp})
-    if replay is not None:
+    write_atomically(run_dir / NEXT_CHECKPOINT_FILE, {**state, "stamp": stamp})
+
+
+def commit_checkpoint(run_dir: Path) -> None:
+    """Put the checkpoint `write_checkpoint` wrote in place: it replaces checkpoint.pt, then its buffer replaces
+    buffer.pt, so a kill at any moment leaves a checkpoint whose buffer is on disk (`read_replay` finishes the
+    second rename)."""
+    os.replace(run_dir / NEXT_CHECKPOINT_FILE, run_dir / CHECKPOINT_FILE)
+    if (run_dir / NEXT_BUFFER_FILE).is_file():
         os.replace(run_dir / NEXT_BUFFER_FILE, run_dir / BUFFER_FILE)
+
+
+def settle_checkpoints(run_dirs: list[Path]) -> None:
+    """Before resuming runs that checkpoint together (one run, or the seeds of a --num-seeds run): a checkpoint that
+    was written but not put in place, because the process was killed in between, is put in place where every run
+    wrote it whole, so all resume from it; where some run had not, it is dropped, so all resume from the one
+    before. Either way every run resumes from the same step."""
+    pending = [run_dir for run_dir in run_dirs if (run_dir / NEXT_CHECKPOINT_FILE).is_file()]
+    if not pending:
+        return
+    step = saved_step(pending[0] / NEXT_CHECKPOINT_FILE)
+    whole = step is not None and all(
+        saved_step(run_dir / (NEXT_CHECKPOINT_FILE if run_dir in pending else CHECKPOINT_FILE)) == step
+        for run_dir in run_dirs)
+    for run_dir in pending:
+        if whole:
+            commit_checkpoint(run_dir)
+        else:
+            (run_dir / NEXT_CHECKPOINT_FILE).unlink()
+
+
+def saved_step(path: Path) -> int | None:
+    """The global step a checkpoint file was written at (None: no readable checkpoint there), read without loading
+    its tensors."""
+    try:
+        return int(torch.load(path, map_location="cpu", weights_only=True, mmap=True)["global_step"])
+    except Exception:  # missing, damaged or foreign: `read_checkpoint` says which when the run reads it
+        return None
 
 
 def read_replay(run_dir: Path, checkpoint: dict[str, Any], buffer: ReplayBuffer, unit: str) -> None:

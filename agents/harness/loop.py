@@ -26,6 +26,7 @@ import numpy as np
 from keelrl.agents.harness.checkpoints import (
     CHECKPOINT_FILE,
     MODEL_FILE,
+    commit_checkpoint,
     non_finite_entry,
     read_replay,
     restore_rng_state,
@@ -75,6 +76,34 @@ class TrainResult:
         return float(np.mean(self.final_eval_returns))
 
 
+class CheckpointClock:
+    """--checkpoint-minutes: whether a checkpoint is due by the clock at a loop step, the minutes counted from the
+    last checkpoint. The runs of a seed group share one, so that at each step they all decide alike."""
+
+    def __init__(self):
+        self._since = time.perf_counter()
+        self._decided = (-1, False)  # (step, due) of the latest decision
+
+    def due(self, step: int, minutes: float) -> bool:
+        if self._decided[0] != step:
+            self._decided = (step, minutes > 0 and time.perf_counter() - self._since >= 60 * minutes)
+        return self._decided[1]
+
+    def restart(self) -> None:
+        """A checkpoint was written (or the run started): the minutes count from now."""
+        self._since = time.perf_counter()
+
+
+@dataclasses.dataclass
+class Lockstep:
+    """What the runs of a seed group (harness/seeds.py) share so that they stop and checkpoint at the same steps:
+    the stop signals and the checkpoint clock. Their checkpoints are put in place by the group, once every seed
+    has written its own (`Run.commit_checkpoint`), so a kill mid-way leaves them all at one step."""
+
+    stop_signals: StopSignals = dataclasses.field(default_factory=StopSignals)
+    clock: CheckpointClock = dataclasses.field(default_factory=CheckpointClock)
+
+
 class Run:
     """One training run: its resolved config, checkpoint, directory, logs, progress and timing (module docstring).
 
@@ -87,7 +116,7 @@ class Run:
     def __init__(self, config: RunOptions, algo: str, validate: Callable[[Any], None], total: str,
                  keep_from_command_line: tuple[str, ...] = (),
                  checkpoint_keys: tuple[str, ...] = ("global_step", "agent", "rng"),
-                 stop_signals: StopSignals | None = None):
+                 lockstep: Lockstep | None = None):
         self.config, self.dir, self.checkpoint = start_or_resume(config, algo, validate, total,
                                                                  keep_from_command_line, checkpoint_keys)
         self.algo, self.total, self.unit = algo, getattr(self.config, total), UNITS[total]
@@ -101,12 +130,13 @@ class Run:
         self._losses: dict[str, Any] = {}
         self._last_advance = 1
         self._busy = 0.0  # seconds spent evaluating and checkpointing, left out of the logged speed
-        self._start_time = self._loop_end = self._checkpoint_time = float("nan")
+        self._start_time = self._loop_end = float("nan")
         self._update_start: tuple[float, int] | None = None  # (time, step) of the first logged update
         self._checkpoint_step = self.step if self.resumed else None  # of the checkpoint on disk
-        # a group of runs (harness/seeds.py) shares one, which it holds itself
-        self._own_stop_signals = stop_signals is None
-        self._stop_signals = StopSignals() if stop_signals is None else stop_signals
+        self._lockstep = lockstep  # a seed group's, which enters the stop signals itself and commits checkpoints
+        self._stop_signals, self._clock = (StopSignals(), CheckpointClock()) if lockstep is None else (
+            lockstep.stop_signals, lockstep.clock)
+        self._uncommitted = False  # a seed group's checkpoint written and not yet in place
         self._filming: Filming | None = None
         self._wandb = None
         set_threads(self.config.threads)
@@ -158,7 +188,8 @@ class Run:
         self.logger = RunLogger(self.dir, self.step if self.resumed else None, refinish=self.resumed and self.done)
         self.progress = Progress(self.algo, self.unit, self.total, self.step, self.config.quiet,
                                  self.config.progress_seconds)
-        self._start_time = self._checkpoint_time = time.perf_counter()
+        self._start_time = time.perf_counter()
+        self._clock.restart()
 
     def _restore(self) -> None:
         """The agent, the random states, the registered state and the replay buffer, from the checkpoint; the envs
@@ -173,12 +204,12 @@ class Run:
             self._replay.end_episodes()
 
     def __enter__(self) -> Run:
-        if self._own_stop_signals:
+        if self._lockstep is None:
             self._stop_signals.__enter__()
         return self
 
     def __exit__(self, exc_type, exc, traceback) -> None:
-        if self._own_stop_signals:
+        if self._lockstep is None:
             self._stop_signals.__exit__()
         if self.logger is not None:  # (not when `start` failed)
             self.progress.close()
@@ -251,9 +282,8 @@ class Run:
         if self._due(self.config.eval_freq):
             self.log_evaluation()
         stopping = self._stop_signals.received is not None
-        minutes = self.config.checkpoint_minutes
-        if self._due(self.config.checkpoint_freq) or stopping or (
-                minutes > 0 and time.perf_counter() - self._checkpoint_time >= 60 * minutes):
+        if (self._due(self.config.checkpoint_freq) or stopping
+                or self._clock.due(self.step, self.config.checkpoint_minutes)):
             self._checkpoint()
         self._busy += time.perf_counter() - tick
         if stopping:
@@ -287,7 +317,17 @@ class Run:
         state = {"algo": self.algo, "global_step": self.step, "agent": training_state,
                  "rng": rng_state(self._numpy_rng), **{name: now() for name, (now, _) in self._state.items()}}
         write_checkpoint(self.dir, state, self._replay)
-        self._checkpoint_step, self._checkpoint_time = self.step, time.perf_counter()
+        if self._lockstep is None:
+            commit_checkpoint(self.dir)
+        self._uncommitted = self._lockstep is not None
+        self._checkpoint_step = self.step
+        self._clock.restart()
+
+    def commit_checkpoint(self) -> None:
+        """A seed group's run: put the checkpoint written since the last call, if any, in place."""
+        if self._uncommitted:
+            commit_checkpoint(self.dir)
+            self._uncommitted = False
 
     def _kept(self) -> str:
         """What a run stopped by a non-finite value keeps."""

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from keelrl.agents.harness.checkpoints import CHECKPOINT_FILE, MODEL_FILE, read_checkpoint
+from keelrl.agents.harness.checkpoints import CHECKPOINT_FILE, MODEL_FILE, read_checkpoint, settle_checkpoints
 from keelrl.agents.harness.options import RUNTIME_OPTIONS, WATCH_OPTIONS
 
 CONFIG_FILE = "config.json"
@@ -98,6 +98,8 @@ def start_or_resume(config: Any, algo: str, validate: Callable[[Any], None], tot
         validate(config)
         return config, None, None
     run_dir = Path(config.resume)
+    if run_dir.is_dir():
+        settle_checkpoints([run_dir])  # the checkpoint a kill kept from being put in place
     saved = load_run_config(run_dir, algo, type(config))
     names = (*WATCH_OPTIONS, *RUNTIME_OPTIONS, "extend_to", *keep_from_command_line)
     overrides = {name: getattr(config, name) for name in names if hasattr(config, name)}

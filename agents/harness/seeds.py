@@ -25,9 +25,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from keelrl.agents.harness.checkpoints import SavedAgent, write_atomically
-from keelrl.agents.harness.loop import Run, TrainResult
-from keelrl.agents.harness.stopping import RunStopped, StopSignals
+from keelrl.agents.harness.checkpoints import SavedAgent, settle_checkpoints, write_atomically
+from keelrl.agents.harness.loop import Lockstep, Run, TrainResult
+from keelrl.agents.harness.stopping import RunStopped
 from keelrl.buffers import ReplayBuffer, SeedReplay
 from keelrl.envs import SeedEnvs, VecEnv
 from keelrl.networks.seeds import slice_training_state, stack_seeds, stack_training_states
@@ -83,9 +83,11 @@ class SeedRuns:
     seed's (the others' differ only in their seed)."""
 
     def __init__(self, config: Any, algo: str, validate: Callable[[Any], None], total: str):
-        self._stop_signals = StopSignals()  # one for the group: a signal stops every seed at the same step
-        self.runs = [Run(seed_config, algo, validate, total, stop_signals=self._stop_signals)
-                     for seed_config in seed_configs(config)]
+        configs = seed_configs(config)
+        if config.resume is not None:  # a group killed while it checkpointed resumes every seed from one step
+            settle_checkpoints([Path(seed_config.resume) for seed_config in configs])
+        self._lockstep = Lockstep()  # a signal or the clock stops or checkpoints every seed at the same step
+        self.runs = [Run(seed_config, algo, validate, total, lockstep=self._lockstep) for seed_config in configs]
         self.config, self.step, self.resumed = self.runs[0].config, self.runs[0].step, self.runs[0].resumed
         self.seeds = [run.config.seed for run in self.runs]
 
@@ -132,7 +134,7 @@ class SeedRuns:
         write_seeds_files([run.dir for run in self.runs])
 
     def __enter__(self) -> SeedRuns:
-        self._stop_signals.__enter__()
+        self._lockstep.stop_signals.__enter__()
         for run in self.runs:
             run.__enter__()
         return self
@@ -140,10 +142,11 @@ class SeedRuns:
     def __exit__(self, *exc_info) -> None:
         for run in reversed(self.runs):
             run.__exit__(*exc_info)
-        self._stop_signals.__exit__()
+        self._lockstep.stop_signals.__exit__()
 
     def steps(self, per_iteration: int = 1) -> Iterator[int]:
-        """`Run.steps` of every seed in lockstep; after a stop signal every seed checkpoints before the stop."""
+        """`Run.steps` of every seed in lockstep; after a stop signal every seed checkpoints before the stop. The
+        checkpoints the seeds wrote are put in place together, once all are written."""
         iterators = [run.steps(per_iteration) for run in self.runs]
         while True:
             stopped, steps = None, []
@@ -152,6 +155,8 @@ class SeedRuns:
                     steps.append(next(iterator, None))
                 except RunStopped as err:
                     stopped = err
+            for run in self.runs:
+                run.commit_checkpoint()
             if stopped is not None:
                 raise stopped
             if steps[0] is None:
