@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import csv
+import dataclasses
 import json
 import subprocess
 import sys
+import types
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from keelrl.agents import iql, sac, stream_q
+from keelrl.agents.harness import logs
 from keelrl.evaluate import main as evaluate_main
 from keelrl.agents.harness.options import run_cli
 from keelrl.benchmarks.make_datasets import collect
@@ -186,3 +189,37 @@ def test_the_evaluation_command_refuses_bad_input_in_one_line(case, tmp_path, ca
                 "unfinished": "has no model.pt", "wrong_env": "Hopper-v5 gives 11-dimensional observations, but the "
                 "saved sac agent takes 4", "no_env": "give --env-id"}[case]
     assert expected in err
+
+
+class Killed(Exception):
+    """Stands in for a SIGKILL: nothing after it runs."""
+
+
+def test_a_resumed_run_films_the_evaluations_after_its_checkpoint_again_without_duplicate_rows(tmp_path,
+                                                                                              monkeypatch):
+    """Killed after the evaluation at step 300 (its checkpoint at 200), the run evaluates and films 300 again on
+    resume: videos.csv keeps one row per evaluation, as eval.csv does. Rendering is stood in for (no GL needed)."""
+    monkeypatch.setattr(logs, "offscreen_gl_backend", lambda: None)
+    monkeypatch.setattr(logs, "film_episode", lambda video: types.SimpleNamespace(
+        frames=[np.zeros((8, 8, 3), np.uint8)] * 3, fps=30, episode_return=1.0, cost=0.0))
+    monkeypatch.setattr(logs, "write_mp4", lambda path, frames, fps: (path.parent.mkdir(exist_ok=True),
+                                                                      path.write_bytes(b"mp4")))
+    real_film = logs.Filming.film
+
+    def film_then_die_at_300(self, run_dir, step, writer):
+        real_film(self, run_dir, step, writer)
+        if step == 300:
+            raise Killed
+    monkeypatch.setattr(logs.Filming, "film", film_then_die_at_300)
+    config = sac.SACConfig(**{**TINY_SAC, "total_timesteps": 400, "eval_freq": 100}, checkpoint_freq=200,
+                           capture_video=True, runs_dir=str(tmp_path))
+    with pytest.raises(Killed):
+        sac.train(config)
+    monkeypatch.setattr(logs.Filming, "film", real_film)
+    (run_dir,) = tmp_path.iterdir()
+    sac.train(dataclasses.replace(config, resume=str(run_dir)))
+    with open(run_dir / "videos" / "videos.csv") as f:
+        videos = [row["global_step"] for row in csv.DictReader(f)]
+    with open(run_dir / "eval.csv") as f:
+        evaluations = [row["global_step"] for row in csv.DictReader(f)]
+    assert videos == evaluations == ["100", "200", "300", "400"]

@@ -19,6 +19,9 @@ import numpy as np
 from keelrl.agents.harness.checkpoints import one_line
 from keelrl.envs.video import VideoSource, VideoUnavailable, film_episode, offscreen_gl_backend, write_mp4
 
+VIDEO_INDEX = Path("videos") / "videos.csv"
+"""a run's videos (--capture-video), a row each, relative to its directory"""
+
 
 class RunLogger:
     """TensorBoard scalars (CleanRL names) plus episodes.csv and eval.csv in the run directory.
@@ -31,6 +34,8 @@ class RunLogger:
 
     EPISODE_FIELDS = ["global_step", "return", "length", "cost"]
     EVAL_FIELDS = ["global_step", "mean_return", "std_return", "mean_cost", "episodes"]
+    VIDEO_FIELDS = ["global_step", "file", "return", "cost", "length"]
+    """videos/videos.csv's (`Filming`)"""
 
     def __init__(self, run_dir: Path, resume_step: int | None = None, refinish: bool = False):
         from torch.utils.tensorboard import SummaryWriter
@@ -41,8 +46,10 @@ class RunLogger:
         self.writer = SummaryWriter(str(run_dir), purge_step=purge_step)
         self._episodes = self._open_csv("episodes.csv", self.EPISODE_FIELDS, resume_step)
         self._evals = self._open_csv("eval.csv", self.EVAL_FIELDS, None if purge_step is None else purge_step - 1)
+        if purge_step is not None and (run_dir / VIDEO_INDEX).is_file():  # the dropped evaluations' videos come again
+            self._open_csv(VIDEO_INDEX, self.VIDEO_FIELDS, purge_step - 1)[0].close()
 
-    def _open_csv(self, name: str, fields: list[str], last_step: int | None):
+    def _open_csv(self, name: str | Path, fields: list[str], last_step: int | None):
         """The CSV rewritten with its rows up to `last_step` (a new file when None), open for more rows."""
         path = self.run_dir / name
         rows = []
@@ -114,12 +121,14 @@ class Filming:
             print(f"--capture-video: no video ({one_line(err)}); training goes on without video.", file=sys.stderr)
             self.video = None
             return
-        index = path.parent / "videos.csv"
+        index = run_dir / VIDEO_INDEX
         new_index = not index.is_file()
-        with index.open("a") as f:
+        with index.open("a", newline="") as f:
+            rows = csv.DictWriter(f, fieldnames=RunLogger.VIDEO_FIELDS)
             if new_index:
-                f.write("global_step,file,return,cost,length\n")
-            f.write(f"{step},{path.name},{episode.episode_return},{episode.cost},{len(episode.frames)}\n")
+                rows.writeheader()
+            rows.writerow({"global_step": step, "file": path.name, "return": episode.episode_return,
+                             "cost": episode.cost, "length": len(episode.frames)})
         writer.add_image("eval/video_frame", episode.frames[len(episode.frames) // 2], step, dataformats="HWC")
 
 
