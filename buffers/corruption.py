@@ -12,9 +12,11 @@ code draws each transition with probability `rate`) has one field corrupted:
   δ minimising Q(s' + δ std, π(s' + δ std)).
 
 std is the per-dimension standard deviation of the field over the whole dataset. The adversarial δ
-starts uniform in [−range, range] and takes `attack_steps` signed-gradient steps of size step_size · range
-down the mean Q-value of a given critic, clipped back into [−range, range] after each step (RIQL takes
-one step of a freshly made Adam each time, which moves every entry by its learning rate: the same step).
+starts at U(−range, range) · std, as RIQL's attack.py starts it (`sample_para`, though the perturbation is then
+δ · std: a dimension of large std starts at the bound, one of small std near zero), and takes `attack_steps`
+signed-gradient steps of size step_size · range down the mean Q-value of a given critic, clipped back into
+[−range, range] after each step (RIQL takes one step of a freshly made Adam each time, which moves every entry
+by its learning rate: the same step).
 """
 
 from __future__ import annotations
@@ -101,7 +103,7 @@ def _adversarial(data, kind, indices, std, corruption_range, rng, q_function, po
                 return q_function(obs, perturbed).mean()
             return q_function(perturbed, policy(perturbed)).mean()
 
-        delta = (torch.rand(target.shape, generator=generator) * 2 - 1) * corruption_range
+        delta = (torch.rand(target.shape, generator=generator) * 2 - 1) * corruption_range * std_t  # RIQL's start
         for _ in range(attack_steps):
             delta.requires_grad_(True)
             (grad,) = torch.autograd.grad(mean_q(target + delta * std_t), delta)

@@ -96,6 +96,18 @@ def test_adversarial_corruption_lowers_q_within_the_bound(data, kind):
     np.testing.assert_allclose(corrupted[field][indices], expected, rtol=1e-6, atol=1e-6)
 
 
+def test_the_adversarial_start_is_riqls(data):
+    """Before any step δ is U(−range, range) · std, as RIQL's attack.py samples it (`sample_para`), and the
+    perturbation δ · std: within range · std² per dimension, and filling it (observations' stds are 1, 5, 0.1)."""
+    corrupted, indices = corrupt_dataset(data, "obs", 0.5, corruption_range=0.5, mode="adversarial", seed=0,
+                                         q_function=linear_critic(), attack_steps=0)
+    std = data["observations"].std(axis=0)
+    start = (corrupted["observations"][indices] - data["observations"][indices]) / std**2  # δ / std, (rows, dim)
+    assert np.all(np.abs(start) <= 0.5 * (1 + 1e-4))
+    np.testing.assert_allclose(np.abs(start).max(axis=0), 0.5, rtol=0.02)
+    np.testing.assert_allclose(np.abs(start).mean(axis=0), 0.25, rtol=0.15)  # uniform: E|U(−0.5, 0.5)| = 0.25
+
+
 def test_adversarial_reward_flips_and_scales(data):
     corrupted, indices = corrupt_dataset(data, "reward", 0.3, corruption_range=2.0, mode="adversarial", seed=0)
     np.testing.assert_allclose(corrupted["rewards"][indices], -2.0 * data["rewards"][indices])
