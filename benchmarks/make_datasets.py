@@ -59,6 +59,9 @@ from keelrl.envs import make_vec_env, play_episodes
 
 DatasetKind = Literal["random", "medium", "medium-replay", "expert", "medium-expert"]
 ALL_KINDS: tuple[DatasetKind, ...] = ("random", "medium", "medium-replay", "expert", "medium-expert")
+COLLECTION_SEED = {"random": 5000, "medium": 6000, "expert": 7000}
+"""added to --seed for each collected dataset's envs: apart, so that medium-expert's halves start from different
+initial states (medium's is the seed its datasets have always had)"""
 
 
 @dataclasses.dataclass
@@ -319,7 +322,7 @@ class DatasetMaker:
             policy = uniform_policy(config.env_id, config.seed)
         else:  # actions sampled from the policy, as in D4RL
             policy = SAC.load(self.medium_files()[0] if kind == "medium" else self.expert_file()).act
-        return collect(config.env_id, policy, config.steps, config.num_envs, config.seed + 1000 * len(kind),
+        return collect(config.env_id, policy, config.steps, config.num_envs, config.seed + COLLECTION_SEED[kind],
                        config.quiet, desc=kind)
 
     def data_for(self, kind: str) -> dict[str, np.ndarray]:
