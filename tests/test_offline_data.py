@@ -286,13 +286,14 @@ def test_make_datasets_tiny_scale(tmp_path, capsys):
     assert info.ref_min_score is not None and info.ref_max_score is not None
     data = {kind: load_dataset(i, data_path=tmp_path / "data") for kind, i in
             zip(("random", "medium", "medium-replay", "expert", "medium-expert"), ids)}
-    # random: uniform actions in [−3, 3] from a generator seeded 1, collected by envs seeded 1 + 1000 · len("random")
+    # random: uniform actions in [−3, 3] from a generator seeded 1, collected by envs seeded 1 + 5000
     rng = np.random.default_rng(1)
     by_hand = collect_by_hand("InvertedPendulum-v5", lambda obs: rng.uniform(-3.0, 3.0, (len(obs), 1)).astype(
-        np.float32), 100, num_envs=2, seed=1 + 6000)
+        np.float32), 100, num_envs=2, seed=1 + 5000)
     for key in D4RL_KEYS:
         np.testing.assert_array_equal(data["random"][key], by_hand[key], err_msg=key)
-    # medium-expert is medium followed by expert
+    # medium-expert is medium followed by expert, each half from initial states of its own (envs seeded apart)
+    assert not np.array_equal(data["medium"]["observations"][0], data["expert"]["observations"][0])
     for key in D4RL_KEYS:
         np.testing.assert_array_equal(data["medium-expert"][key],
                                       np.concatenate([data["medium"][key], data["expert"][key]]), err_msg=key)
