@@ -83,3 +83,19 @@ def test_a_task_without_costs_is_refused_in_one_line(capsys):
     assert run_cli(ppo_lag.train, PPOLagConfig, args=["--env-id", "InvertedPendulum-v5"]) == 2
     err = capsys.readouterr().err
     assert len(err.splitlines()) == 1 and err.startswith("error: ") and "cost" in err, err
+
+
+def test_the_cost_value_loss_is_plain_squared_error_however_far_the_value_moved():
+    """OmniSafe regresses V_c by mse_loss: unlike PPO's clipped value loss (which would stop a value 0.2 away from
+    the rollout's), the cost value is pulled towards returns of tens at once."""
+    torch.manual_seed(0)
+    agent = PPOLag(OBS_DIM, gym.spaces.Box(-1.0, 1.0, (2,)), PPOLagConfig(**SETTINGS, clip_vloss=True))
+    obs = torch.randn(5, OBS_DIM)
+    minibatch = {"obs": obs, "actions": torch.zeros(5, 2), "log_probs": torch.zeros(5), "advantages": torch.randn(5),
+                 "values": torch.zeros(5), "returns": torch.zeros(5), "cost_advantages": torch.zeros(5),
+                 "cost_values": agent.cost_value(obs).detach() - 5.0, "cost_returns": torch.full((5,), 40.0)}
+    _, stats = agent.loss(minibatch)
+    expected = 0.5 * (agent.cost_value(obs).double() - 40.0).pow(2).mean()
+    torch.testing.assert_close(stats["cost_value_loss"].double(), expected)
+    stats["cost_value_loss"].backward()
+    assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in agent.cost_critic.parameters() if p.dim() > 1)
