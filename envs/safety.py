@@ -91,23 +91,28 @@ def make_velocity_task(base_id: str, velocity_threshold: float, planar: bool, **
     return CostWrapper(gym.make(base_id, **kwargs), velocity_cost(velocity_threshold, planar))
 
 
+def reports_cost(env_id: str) -> bool:
+    """Whether the gymnasium env `env_id` reports a per-step `info["cost"]` (one step of a fresh one tells)."""
+    env = gym.make(env_id)
+    try:
+        env.reset(seed=0)
+        env.action_space.seed(0)
+        return "cost" in env.step(env.action_space.sample())[-1]
+    finally:
+        env.close()
+
+
 def require_cost_task(env_id: str, backend: str, agent: str) -> None:
     """Check that `env_id` reports `info["cost"]` before a cost-using agent trains on it."""
     if backend != "gymnasium":
         raise ValueError(f"{agent} needs a task with a cost; the {backend} backend's tasks report none and it "
                          f"cannot run keelrl's Python safety tasks: use --env-backend gymnasium.")
     try:
-        env = gym.make(env_id)
+        has_cost = reports_cost(env_id)
     except gym.error.Error as err:
         raise ValueError(f"Unknown gymnasium environment id {env_id!r} ({err}). Safety tasks: "
                          f"{', '.join(VELOCITY_TASKS)}.") from None
-    try:
-        env.reset(seed=0)
-        env.action_space.seed(0)
-        info = env.step(env.action_space.sample())[-1]
-    finally:
-        env.close()
-    if "cost" not in info:
+    if not has_cost:
         raise ValueError(f"{agent} needs a task that reports a per-step cost in info['cost'], and {env_id!r} "
                          f"does not. Use a safety task ({', '.join(VELOCITY_TASKS)}) or wrap your env in "
                          f"keelrl.envs.CostWrapper(env, cost_fn) and register it.")

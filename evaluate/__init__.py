@@ -4,7 +4,8 @@ Run:  python -m keelrl.evaluate runs/Hopper-v5__sac__1__1795250000 --episodes 10
       python -m keelrl.evaluate path/to/model.pt --env-id Hopper-v5 --stochastic --capture-video
 Import: from keelrl.evaluate import EvaluateConfig, evaluate_saved
 
-Prints the mean ± std return (and cost) over the episodes and writes one row per episode to a CSV
+Prints the mean ± std return (and cost, on an env that reports one) over the episodes and writes one row per
+episode to a CSV
 (default: evaluation.csv beside the model). Episode i is seeded seed + i, as the `evaluate()` of the agent's
 module seeds them, so this command and that function give the same returns for the same seed. With
 --capture-video the first episode is also written as an MP4 under videos/ beside the model.
@@ -25,6 +26,7 @@ import tyro
 
 from keelrl.agents.harness.checkpoints import MODEL_FILE, read_checkpoint, restoring
 from keelrl.agents.registry import agent_class, agent_module
+from keelrl.envs.safety import reports_cost
 from keelrl.envs.streaming_wrappers import frozen_stream_env, stream_env_for
 from keelrl.envs.vec_env import make_gym_env
 from keelrl.envs.video import (
@@ -64,7 +66,8 @@ class Evaluation:
     algo: str
     env_id: str
     returns: np.ndarray
-    costs: np.ndarray
+    costs: np.ndarray | None
+    """each episode's cost; None on an env that reports no cost"""
     csv_path: Path
     video_path: Path | None
 
@@ -188,6 +191,8 @@ def evaluate_saved(config: EvaluateConfig) -> Evaluation:
     check_env(agent, env_id, algo)
     returns, costs = agent_module(algo).evaluate(agent, env_id, config.episodes, config.seed,
                                                  deterministic=not config.stochastic)
+    if not reports_cost(env_id):  # zeros would read as a perfectly safe agent
+        costs = None
     write_csv(csv_file, config.seed, returns, costs)
     video_path = film(agent, algo, env_id, config, model, csv_file) if config.capture_video else None
     return Evaluation(algo, env_id, returns, costs, csv_file, video_path)
@@ -206,13 +211,15 @@ def film(agent: Any, algo: str, env_id: str, config: EvaluateConfig, model: Path
     return video_path
 
 
-def write_csv(path: Path, seed: int, returns: np.ndarray, costs: np.ndarray) -> None:
-    """One row per episode: episode, seed, return, cost."""
+def write_csv(path: Path, seed: int, returns: np.ndarray, costs: np.ndarray | None) -> None:
+    """One row per episode: episode, seed, return, and cost where the env reports one."""
+    columns = {"return": returns} if costs is None else {"return": returns, "cost": costs}
     try:
         with path.open("w", newline="") as f:
             writer = csv.writer(f)
-            writer.writerow(["episode", "seed", "return", "cost"])
-            writer.writerows([i, seed + i, float(r), float(c)] for i, (r, c) in enumerate(zip(returns, costs)))
+            writer.writerow(["episode", "seed", *columns])
+            writer.writerows([i, seed + i, *(float(values[i]) for values in columns.values())]
+                             for i in range(len(returns)))
     except OSError as err:
         raise ValueError(f"Cannot write {path} ({err.strerror}): give --csv a file in a directory you can "
                          f"write to.") from None
@@ -227,7 +234,7 @@ def main(args: list[str] | None = None) -> int:
         return 2
     policy = "stochastic" if config.stochastic else "deterministic"
     print(f"{result.algo} on {result.env_id}, {len(result.returns)} episodes ({policy} policy, seeds {config.seed}"
-          f"-{config.seed + len(result.returns) - 1}): return {result.returns.mean():.1f} ± {result.returns.std():.1f}, "
-          f"cost {result.costs.mean():.1f} ± {result.costs.std():.1f}")
+          f"-{config.seed + len(result.returns) - 1}): return {result.returns.mean():.1f} ± {result.returns.std():.1f}"
+          + ("" if result.costs is None else f", cost {result.costs.mean():.1f} ± {result.costs.std():.1f}"))
     print(f"episodes written to {result.csv_path}" + (f"; video {result.video_path}" if result.video_path else ""))
     return 0

@@ -123,15 +123,33 @@ def test_the_evaluation_command_gives_what_evaluate_gives(tmp_path, capsys):
     out = capsys.readouterr().out
     agent = sac.SAC.load(result.run_dir / "model.pt")
     returns, costs = sac.evaluate(agent, "InvertedPendulum-v5", episodes=3, seed=7)
-    assert f"return {returns.mean():.1f} ± {returns.std():.1f}, cost 0.0 ± 0.0" in out
+    assert f"return {returns.mean():.1f} ± {returns.std():.1f}\n" in out and "cost" not in out  # no cost to report
     with open(result.run_dir / "evaluation.csv") as f:
         rows = list(csv.DictReader(f))
+    assert list(rows[0]) == ["episode", "seed", "return"]
     assert [int(row["seed"]) for row in rows] == [7, 8, 9]
     assert [float(row["return"]) for row in rows] == pytest.approx(returns.tolist())
     # stochastic actions differ from the deterministic ones (a Gaussian policy, fresh samples)
     assert evaluate_main([str(result.run_dir / "model.pt"), "--episodes", "3", "--seed", "7", "--stochastic",
                           "--csv", str(tmp_path / "stochastic.csv")]) == 0
     assert "stochastic policy" in capsys.readouterr().out
+
+
+def test_the_evaluation_command_reports_costs_only_where_the_env_has_them(tmp_path, capsys):
+    """A SafeHopperVelocity agent evaluated on its task reports its costs; on Hopper-v5 (the same dynamics, no
+    cost) the same episodes' cost is not reported as 0, which would read as a perfectly safe agent."""
+    result = sac.train(sac.SACConfig(**{**TINY_SAC, "env_id": "keelrl/SafeHopperVelocity-v1"}, runs_dir=str(tmp_path)))
+    agent = sac.SAC.load(result.run_dir / "model.pt")
+    returns, costs = sac.evaluate(agent, "keelrl/SafeHopperVelocity-v1", episodes=2, seed=7)
+    capsys.readouterr()
+    assert evaluate_main([str(result.run_dir), "--episodes", "2", "--seed", "7"]) == 0
+    assert f"return {returns.mean():.1f} ± {returns.std():.1f}, cost {costs.mean():.1f} ± {costs.std():.1f}" in (
+        capsys.readouterr().out)
+    with open(result.run_dir / "evaluation.csv") as f:
+        assert [float(row["cost"]) for row in csv.DictReader(f)] == pytest.approx(costs.tolist())
+    assert evaluate_main([str(result.run_dir), "--episodes", "2", "--seed", "7", "--env-id", "Hopper-v5"]) == 0
+    out = capsys.readouterr().out
+    assert f"return {returns.mean():.1f} ± {returns.std():.1f}\n" in out and "cost" not in out
 
 
 def test_the_evaluation_command_finds_an_offline_agents_environment_and_a_streaming_agents_statistics(tmp_path,
