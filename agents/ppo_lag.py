@@ -42,6 +42,7 @@ from keelrl.agents.ppo import PPO, PPOConfig, check_action_space, evaluate, go_o
 from keelrl.agents.ppo import validate as validate_ppo
 from keelrl.buffers.rollout import RolloutBuffer, as_flat_tensors, gae
 from keelrl.envs import make_vec_env
+from keelrl.envs.safety import require_cost_task
 from keelrl.envs.video import gym_video
 from keelrl.networks import mlp, orthogonal_init_
 
@@ -119,6 +120,8 @@ class PPOLag(PPO):
 def train(config: PPOLagConfig) -> TrainResult:
     """PPO's loop with costs: stored per step, λ stepped per rollout on the episodes that ended in it; the final
     evaluation cost is reported beside the limit."""
+    if config.resume is None:
+        require_cost_task(config.env_id, config.env_backend, "PPO-Lag")  # before `resolve` makes the env to see it
     run = Run(resolve(config) if config.resume is None else config, ALGO, validate, total="total_timesteps")
     config = run.config
     env = make_vec_env(config.env_id, config.num_envs, config.seed + run.step, config.env_backend)

@@ -83,6 +83,9 @@ def test_a_task_without_costs_is_refused_in_one_line(capsys):
     assert run_cli(ppo_lag.train, PPOLagConfig, args=["--env-id", "InvertedPendulum-v5"]) == 2
     err = capsys.readouterr().err
     assert len(err.splitlines()) == 1 and err.startswith("error: ") and "cost" in err, err
+    # envpool has no cost tasks: said as such, not as "envpool has no environment 'keelrl/...'"
+    assert run_cli(ppo_lag.train, PPOLagConfig, args=["--env-backend", "envpool"]) == 2
+    assert "use --env-backend gymnasium" in capsys.readouterr().err
 
 
 def test_the_cost_value_loss_is_plain_squared_error_however_far_the_value_moved():
