@@ -128,7 +128,8 @@ _warned_emulated_bf16 = False
 def native_bf16(device: str) -> bool:
     """Whether `device` multiplies bfloat16 matrices in hardware (CPU: avx512_bf16 or amx_bf16; CUDA: Ampere on)."""
     if torch.device(device).type == "cuda":
-        return torch.cuda.is_available() and torch.cuda.is_bf16_supported()
+        # (a bare is_bf16_supported() also says True on older cards, where bf16 is emulated)
+        return torch.cuda.is_available() and torch.cuda.is_bf16_supported(including_emulation=False)
     try:
         with open("/proc/cpuinfo") as cpuinfo:
             flags = next((line.split() for line in cpuinfo if line.startswith("flags")), [])
@@ -144,9 +145,10 @@ def check_precision(precision: str, device: str) -> None:
         raise ValueError(f"--precision must be one of {', '.join(PRECISIONS)}, got {precision!r}.")
     if precision == "bf16" and not native_bf16(device) and not _warned_emulated_bf16:
         _warned_emulated_bf16 = True
-        warnings.warn(f"--precision bf16: this {torch.device(device).type.upper()} has no native bfloat16 matrix "
-                      f"products (no avx512_bf16 or amx_bf16), so torch emulates them: the run will be much slower "
-                      f"than with fp32.", stacklevel=2)
+        kind = torch.device(device).type
+        lacks = "compute capability below 8.0" if kind == "cuda" else "no avx512_bf16 or amx_bf16"
+        warnings.warn(f"--precision bf16: this {kind.upper()} has no native bfloat16 matrix products ({lacks}), so "
+                      f"torch emulates them: the run will be much slower than with fp32.", stacklevel=2)
 
 
 def matmul_precision(precision: str, device: str) -> contextlib.AbstractContextManager:

@@ -139,3 +139,13 @@ def test_bad_precision_is_refused_in_one_line_and_emulated_bf16_warns_once(monke
         training.check_precision("bf16", "cpu")
         training.check_precision("fp32", "cpu")
     assert not caught
+
+
+def test_a_gpu_that_only_emulates_bf16_is_not_taken_for_native(monkeypatch):
+    """Before Ampere (V100, T4) torch emulates bf16: a bare is_bf16_supported() says True there, and the
+    emulated, slow run went unwarned."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: including_emulation)
+    assert not training.native_bf16("cuda")
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: True)  # Ampere on
+    assert training.native_bf16("cuda")
