@@ -313,13 +313,14 @@ class PPO(SavedSpaceAgent):
 
     def update(self, rollout: RolloutBuffer, next_values: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
         """`update_epochs` passes over the rollout in `num_minibatches` shuffled minibatches, one clipped-gradient
-        Adam step each, the learning rate annealed linearly to 0 over the run; passes stop once the approximate
-        KL of a pass's last minibatch exceeds `target_kl`."""
+        Adam step each (the gradient norm clipped per parameter group of the optimiser), the learning rate annealed
+        linearly to 0 over the run; passes stop once the approximate KL of a pass's last minibatch exceeds
+        `target_kl`."""
         config, optimizer = self.config, self.optimizers["ppo"]
         if config.anneal_lr:
             scale_learning_rates([optimizer], 1.0 - self.num_updates / self.total_updates)
         batch = self.batch(rollout, next_values)
-        size, parameters = len(batch["advantages"]), [p for group in optimizer.param_groups for p in group["params"]]
+        size = len(batch["advantages"])
         clipfracs = []
         minibatch_size = size // config.num_minibatches
         for _ in range(config.update_epochs):
@@ -329,7 +330,8 @@ class PPO(SavedSpaceAgent):
                 loss, stats = self.loss({name: value[start:start + minibatch_size] for name, value in shuffled.items()})
                 optimizer.zero_grad(set_to_none=True)
                 loss.backward()
-                nn.utils.clip_grad_norm_(parameters, config.max_grad_norm, foreach=True)
+                for group in optimizer.param_groups:  # PPO's one: policy and value clipped together, as CleanRL's
+                    nn.utils.clip_grad_norm_(group["params"], config.max_grad_norm, foreach=True)
                 optimizer.step()
                 clipfracs.append(stats["clipfrac"])
             if config.target_kl is not None and stats["approx_kl"] > config.target_kl:

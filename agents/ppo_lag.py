@@ -11,9 +11,11 @@ The algorithm, top to bottom (what differs from agents/ppo.py is all in this fil
   on the rollout's mean but not scaled (omnisafe/common/buffer/onpolicy_buffer.py:232-236, standardized_cost_adv);
   costs are not normalised (PPOLag.yaml:46 cost_normalize False); V_c regresses onto the cost returns by plain
   squared error, as OmniSafe's (omnisafe/algorithms/on_policy/base/policy_gradient.py:469, mse_loss), in the joint
-  loss (OmniSafe steps it with an optimiser of its own). PPO's clipped value loss is not used for it: it lets a
-  value move at most clip_coef (0.2) a rollout, and cost returns, unnormalised, run to tens (on Pendulum with
-  cost 1 a step, V_c reached 12.3 of its true 100 after 20 rollouts clipped, 77.3 unclipped);
+  loss, its gradient norm clipped apart from the policy's and value's (OmniSafe steps it with an optimiser and a
+  clip of its own). PPO's clipped value loss is not used for it: it lets a value move at most clip_coef (0.2) a
+  rollout, and cost returns, unnormalised, run to tens (on Pendulum with cost 1 a step, V_c reached 12.3 of its
+  true 100 after 20 rollouts clipped, 77.3 unclipped); and clipped together with the policy, its large gradient
+  would scale the policy's steps down;
 - the policy's surrogate weighs (A_r − λ A_c) / (1 + λ), A_r PPO's normalised advantage
   (omnisafe/algorithms/on_policy/naive_lagrange/ppo_lag.py:82-102);
 - λ ≥ 0 steps once per rollout, before the update (ppo_lag.py:73-78), on the mean undiscounted cost of the
@@ -76,7 +78,7 @@ class PPOLag(PPO):
     def __init__(self, obs_dim: int, action_space: gym.Space, config: PPOLagConfig):
         super().__init__(obs_dim, action_space, config)  # PPO's networks, normalisers and optimiser
         self.cost_critic = orthogonal_init_(mlp(obs_dim, config.hidden_sizes, 1, nn.Tanh), last_gain=1.0)  # (B, 1)
-        optimizer = self.optimizers["ppo"]
+        optimizer = self.optimizers["ppo"]  # V_c in a group of its own: its gradient norm is clipped apart
         optimizer.add_param_group({"params": list(self.cost_critic.parameters()),
                                    "initial_lr": optimizer.param_groups[0]["initial_lr"]})
         self.lagrange = build_multiplier(config)

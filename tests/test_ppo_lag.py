@@ -102,3 +102,31 @@ def test_the_cost_value_loss_is_plain_squared_error_however_far_the_value_moved(
     torch.testing.assert_close(stats["cost_value_loss"].double(), expected)
     stats["cost_value_loss"].backward()
     assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in agent.cost_critic.parameters() if p.dim() > 1)
+
+
+def test_the_cost_value_gradient_is_clipped_apart_from_the_policys():
+    """OmniSafe clips each network's gradient by itself: with λ = 0 the policy and value take the same steps
+    whether the episode costs are small or a thousand times larger (clipped together, the cost value's large
+    gradient scaled the policy's steps down)."""
+    def updated(cost_scale: float) -> PPOLag:
+        torch.manual_seed(0)
+        agent = PPOLag(OBS_DIM, gym.spaces.Box(-1.0, 1.0, (2,)), PPOLagConfig(**SETTINGS))
+        agent.lagrange.value.fill_(0.0)
+        g = torch.Generator().manual_seed(1)
+        rollout = RolloutBuffer(STEPS, ENVS, (OBS_DIM,), (2,), store_cost=True)
+        for t in range(STEPS):
+            rollout.add(obs=torch.randn(ENVS, OBS_DIM, generator=g).numpy(),
+                        actions=torch.rand(ENVS, 2, generator=g).numpy(),
+                        log_probs=torch.randn(ENVS, generator=g).numpy(),
+                        values=torch.randn(ENVS, generator=g).numpy(), rewards=torch.randn(ENVS, generator=g).numpy(),
+                        costs=cost_scale * (torch.rand(ENVS, generator=g) < 0.5).float().numpy(),
+                        cost_values=torch.zeros(ENVS).numpy(), dones=np.array([t == 3, False]))
+        agent.update(rollout, {"rewards": np.zeros(ENVS), "costs": np.zeros(ENVS)})
+        return agent
+
+    small, large = updated(1.0), updated(1000.0)
+    for (name, value), other in zip(small.named_parameters(), large.parameters(), strict=True):
+        if name.startswith("cost_critic"):
+            assert not torch.equal(value, other), name
+        else:
+            torch.testing.assert_close(value, other, rtol=0, atol=0, msg=name)
