@@ -9,11 +9,12 @@ task with replacement, within that task, so each task keeps its weight; the inte
 percentile interval of the resampled IQMs.
 
 Raw returns are never pooled across tasks (their scales differ by orders of magnitude): an agent
-entry gets an IQM only when every one of its tasks has a declared score range (reference_scores)
-and at least one finished run, and every finished run has a normalised score. Otherwise it gets
-none, with the reason ("no IQM: Swimmer-v5 has no declared score range"). A run counts as finished
-when it is done and has a final evaluation; the others (failed, unfinished, unavailable, done
-without an evaluation) are counted and shown, never averaged in.
+entry gets an IQM only when every one of its tasks has a declared score range (reference_scores;
+offline-to-online: the pre-training dataset's reference returns, see `score_origin`) and at least
+one finished run, and every finished run has a normalised score. Otherwise it gets none, with the
+reason ("no IQM: Swimmer-v5 has no declared score range"). A run counts as finished when it is done
+and has a final evaluation; the others (failed, unfinished, unavailable, done without an evaluation)
+are counted and shown, never averaged in.
 """
 
 from __future__ import annotations
@@ -32,9 +33,13 @@ NORMALIZED_COLUMNS = ("normalized_score", "normalised_score")
 OFFLINE_SCORE_TAG = "eval/normalized_score"
 CONFIG_FILE = "config.json"
 """a run directory's record of its algorithm and config (agents/harness.py writes it)"""
+DATASET_FILE = "dataset.json"
+"""a run directory's record of the offline dataset it learned from, with its reference returns"""
 CLEAN = "clean"
 FINISHED = "finished"
 NO_FINAL_EVAL = "no final evaluation"
+DATASET_SCORE_SOURCE = ("the reference returns of the grid's pre-training dataset (ref_min_score: a random policy's "
+                        "return, ref_max_score: the expert's, from its dataset.json), for every run alike")
 NOT_FINISHED = ("failed", NO_FINAL_EVAL, "unfinished", "unavailable")
 """the outcomes of a run that is not finished, in the order the tables list them"""
 
@@ -68,12 +73,17 @@ class RunResult:
     final_cost: float = float("nan")
     """mean episode cost of the last evaluation"""
     score: float = float("nan")
-    """normalised final return: eval.csv's own column if it has one; offline: the agent's logged
-    eval/normalized_score (its dataset's references); else 100·(R − low)/(high − low) with the task's range"""
+    """normalised final return: offline-to-online: 100·(R − low)/(high − low) with the pre-training dataset's
+    reference returns, for every run alike (`score_references`); else eval.csv's own column if it has one; offline:
+    the agent's logged eval/normalized_score (its dataset's references); else with the task's range"""
+    score_references: str = ""
+    """offline-to-online: the dataset and the reference returns its score uses ('' where it has none, and in the
+    other families)"""
     last_train_return: float = float("nan")
     """mean return of the last LAST_EPISODES training episodes (CleanRL's reported metric)"""
     wall_s: float = float("nan")
-    """wall-clock seconds of the agent processes that made the run (start-up and evaluations included)"""
+    """the run's share of the wall-clock seconds of the agent processes that made it (start-up and evaluations
+    included): a process that trained S seeds at once gives each 1/S of its wall time; NaN where not measured"""
     curve: list[tuple[int, float]] = dataclasses.field(default_factory=list)
     """(step, mean evaluation return) of every evaluation"""
 
@@ -91,8 +101,43 @@ def read_csv_rows(path: Path) -> list[dict[str, str]]:
         return list(csv.DictReader(f))
 
 
-def read_run_figures(result: RunResult, run_dir: Path) -> RunResult:
-    """Fill `result`'s figures from run_dir/eval.csv and episodes.csv, its data condition from config.json."""
+@dataclasses.dataclass(frozen=True)
+class DatasetReferences:
+    """The reference returns of an offline dataset (a random policy's and the expert's), as a run's dataset.json
+    records them."""
+
+    dataset: str
+    env_id: str
+    """the environment the dataset's policies act in"""
+    low: float
+    high: float
+
+    def score(self, value: float) -> float:
+        return 100.0 * (value - self.low) / (self.high - self.low)
+
+    def text(self) -> str:
+        return f"{self.dataset}: low {self.low:g}, high {self.high:g}"
+
+
+def dataset_references(run_dir: Path) -> DatasetReferences | None:
+    """The reference returns of the dataset a run learned from (run_dir/dataset.json; None: no such file, or a
+    dataset without references)."""
+    path = run_dir / DATASET_FILE
+    if not path.is_file():
+        return None
+    summary = json.loads(path.read_text())
+    if summary.get("ref_scores") is None:
+        return None
+    low, high = summary["ref_scores"]
+    return DatasetReferences(summary["source"], summary["env_id"], float(low), float(high))
+
+
+def read_run_figures(result: RunResult, run_dir: Path, references: DatasetReferences | None = None) -> RunResult:
+    """Fill `result`'s figures from run_dir/eval.csv and episodes.csv, its data condition from config.json.
+
+    An offline-to-online run is scored with the reference returns of its dataset (its dataset.json), or, for a run
+    from scratch, with `references` (the grid's pre-training dataset in its environment); without either it has no
+    normalised score."""
     evals = read_csv_rows(run_dir / "eval.csv")
     episodes = read_csv_rows(run_dir / "episodes.csv")
     result.run_dir = str(run_dir)
@@ -107,14 +152,15 @@ def read_run_figures(result: RunResult, run_dir: Path) -> RunResult:
     result.final_return = float(last["mean_return"])
     result.final_cost = float(last.get("mean_cost") or "nan")
     own_column = next((name for name in NORMALIZED_COLUMNS if last.get(name)), None)
-    if own_column:
+    if result.family == "offline-to-online":  # every run alike, with the pre-training dataset's references
+        references = dataset_references(run_dir) or references
+        if references is not None:
+            result.score = references.score(result.final_return)
+            result.score_references = references.text()
+    elif own_column:
         result.score = float(last[own_column])
     elif result.family == "offline":  # offline agents normalise with their dataset's own reference returns
         result.score = last_scalar(run_dir, OFFLINE_SCORE_TAG)
-    elif result.family == "offline-to-online":  # so do the runs from a dataset; SAC from scratch takes the env's
-        result.score = last_scalar(run_dir, OFFLINE_SCORE_TAG)
-        if np.isnan(result.score):
-            result.score = normalized_score(result.task, result.final_return)
     else:
         result.score = normalized_score(result.task, result.final_return)
     return result
@@ -139,6 +185,15 @@ def last_scalar(run_dir: Path, tag: str) -> float:
     if tag not in events.Tags()["scalars"]:
         return float("nan")
     return float(events.Scalars(tag)[-1].value)
+
+
+def score_origin(family: str, task: str) -> str | None:
+    """Where the normalised scores of a family's runs on a task come from (None: they have none, and their agent
+    gets no IQM): an offline-to-online grid scores every run with its pre-training dataset's reference returns; the
+    other families as `score_source` says."""
+    if family == "offline-to-online":
+        return DATASET_SCORE_SOURCE
+    return score_source(family, task)
 
 
 def iqm(scores: np.ndarray) -> float:
@@ -213,9 +268,13 @@ class CellSummary:
     last_train_mean: float
     last_train_std: float
     sps_mean: float
+    """mean steps/s of the finished runs whose wall time was measured"""
     wall_s_mean: float
+    """mean wall time of the finished runs whose wall time was measured"""
     data: str = CLEAN
     """the data condition of its runs that have started ("clean" or a corruption, see RunResult.data)"""
+    runs_timed: int = 0
+    """finished runs whose wall time was measured (steps/s and wall time are their means)"""
 
 
 def summarize_cells(results: list[RunResult]) -> list[CellSummary]:
@@ -234,6 +293,7 @@ def summarize_cells(results: list[RunResult]) -> list[CellSummary]:
             *pairs[0], *pairs[1], *pairs[2], *pairs[3],
             _mean_std([r.sps for r in done])[0], _mean_std([r.wall_s for r in done])[0],
             next((r.data for r in runs if r.data != CLEAN), CLEAN),
+            runs_timed=sum(bool(np.isfinite(r.wall_s)) for r in done),
         ))
     return summaries
 
@@ -272,7 +332,7 @@ def iqm_by_agent(results: list[RunResult], reps: int = 10_000, seed: int = 0) ->
         finished = {task: [r for r in task_runs if run_outcome(r) == FINISHED] for task, task_runs in by_task.items()}
         reasons = []
         for task, task_runs in finished.items():
-            if score_source(family, task) is None:
+            if score_origin(family, task) is None:
                 reasons.append(f"{task} has no declared score range")
             elif not task_runs:
                 reasons.append(f"{task} has no finished run")

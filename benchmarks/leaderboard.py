@@ -12,8 +12,10 @@ Ray instance here with `--workers` CPUs). Every cell has its own directory,
 RUNS_DIR/<grid>/<agent entry>/<task>/seed<seed>/, holding the agent's run directory, `log.txt`
 (the agent's output, every attempt) and `cell.json` (its options and the timed attempts). Running
 the same command again skips finished cells (model.pt written), resumes interrupted ones from their
-last checkpoint with the agent's `--resume`, and starts the rest: a grid killed halfway loses only
-the steps since each run's last checkpoint (`--checkpoint-freq`). Where the run directories are not
+last checkpoint with the agent's `--resume` (the cells of one seed group, made by one `--batch-seeds`
+process, with one process: `--resume` of any seed resumes them all), and starts the rest: a grid killed
+halfway loses only the steps since each run's last checkpoint (`--checkpoint-freq`). cell.json records
+each attempt as its process starts and again, with its wall time, as it ends. Where the run directories are not
 at hand (another machine, an earlier session), `--from-committed` takes the cells that the page's
 committed tables (<out-dir>/<name>_runs.csv and _curves.csv) hold as finished from those tables, and
 runs only the rest.
@@ -70,9 +72,16 @@ from typing import Annotated, Any
 import tyro
 
 from keelrl.agents.harness.options import RunOptions
+from keelrl.agents.harness.seeds import SEEDS_FILE
 from keelrl.agents.harness.stopping import STOPPED_CODES, signal_name
 from keelrl.agents.registry import agent_module
-from keelrl.benchmarks.aggregate import CONFIG_FILE, RunResult, read_run_figures
+from keelrl.benchmarks.aggregate import (
+    CONFIG_FILE,
+    DatasetReferences,
+    RunResult,
+    dataset_references,
+    read_run_figures,
+)
 
 try:
     import tomllib
@@ -86,6 +95,8 @@ LOG_FILE = "log.txt"
 MODEL_FILE = "model.pt"
 CHECKPOINT_FILE = "checkpoint.pt"
 RESERVED_FLAGS = {"seed", "runs-dir", "resume", "quiet"}
+ATTEMPT_LINE = re.compile(r"^=== .+: (?:new|resume) run: python ", re.M)
+"""the line log.txt gets as each agent process starts (`run_agent_process`)"""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -290,6 +301,15 @@ class Cell:
             return "resume", max(resumable, key=lambda d: (d / CHECKPOINT_FILE).stat().st_mtime)
         return "new", None
 
+    def seed_group(self) -> tuple[Path, ...]:
+        """The run directories of the seed group whose run this cell resumes (its seeds.json, first seed first; ()
+        for a run of one seed, or nothing to resume)."""
+        state, run_dir = self.state()
+        if state != "resume" or not (run_dir / SEEDS_FILE).is_file():
+            return ()
+        named = json.loads((run_dir / SEEDS_FILE).read_text())["runs"]
+        return tuple((run_dir / relative).resolve() for relative in named)
+
     def command(self, track: bool = False, num_seeds: int = 1) -> list[str]:
         """The agent's command line for this cell's next attempt (a new run or --resume); with `track`, logged to
         W&B in a group named after the grid; with `num_seeds`, this cell's seed and the next ones in one process,
@@ -329,27 +349,54 @@ class Cell:
             for run_dir in self.run_dirs():
                 shutil.rmtree(run_dir)
 
-    def add_attempt(self, mode: str, outcome: dict[str, Any]) -> None:
+    def start_attempt(self, mode: str, started: dict[str, Any]) -> None:
+        """Record an attempt as its process starts, its end unknown (returncode and wall_s None) until `end_attempt`:
+        an attempt whose leaderboard is killed stays recorded, as one whose wall time is not measured."""
         record = self.record()
-        record["attempts"].append({"mode": mode, **outcome})
+        record["attempts"].append({"mode": mode, **started, "returncode": None, "wall_s": None})
         (self.cell_dir / CELL_FILE).write_text(json.dumps(record, indent=2))
 
-    def wall_seconds(self) -> float:
-        attempts = self.record()["attempts"]
-        return float(sum(a["wall_s"] for a in attempts)) if attempts else float("nan")
+    def end_attempt(self, outcome: dict[str, Any]) -> None:
+        """Complete the attempt now running (the last recorded: a cell runs one process at a time) with its outcome."""
+        record = self.record()
+        record["attempts"][-1].update(outcome)
+        (self.cell_dir / CELL_FILE).write_text(json.dumps(record, indent=2))
 
-    def result(self, status: str | None = None) -> RunResult:
-        """This cell's RunResult: its status and, for a run that exists, the figures of its logs."""
+    def unrecorded_attempts(self) -> int:
+        """Attempts at this cell's run missing from cell.json (earlier leaderboards recorded an attempt only when its
+        process returned, so one stopped with them is missing): those log.txt shows started beyond the recorded
+        ones, or at least 1 where the first recorded attempt resumes a run that no recorded attempt started."""
+        attempts = self.record()["attempts"]
+        log = self.cell_dir / LOG_FILE
+        started = len(ATTEMPT_LINE.findall(log.read_text())) if log.is_file() else 0
+        first_resumes = bool(attempts) and attempts[0]["mode"] == "resume"
+        return max(started - len(attempts), int(first_resumes))
+
+    def wall_seconds(self) -> float:
+        """This cell's run's share of the wall time of the agent processes that made it: each attempt's wall time
+        over the seeds its process trained (S for a --batch-seeds process or a resumed seed group), so a run's
+        steps/s is its process's steps of all seeds over its wall time. NaN where not measured: no attempt, one
+        whose end was not recorded, or attempts not recorded at all (`unrecorded_attempts`)."""
+        attempts = self.record()["attempts"]
+        if not attempts or self.unrecorded_attempts() or any(a["wall_s"] is None for a in attempts):
+            return float("nan")
+        return float(sum(a["wall_s"] / a.get("seeds_in_process", 1) for a in attempts))
+
+    def result(self, status: str | None = None, references: DatasetReferences | None = None) -> RunResult:
+        """This cell's RunResult: its status and, for a run that exists, the figures of its logs (`references`: the
+        reference returns an offline-to-online run from scratch is scored with)."""
         state, run_dir = self.state()
         if status is None:
             attempts = self.record()["attempts"]
-            # a run stopped by SIGINT/SIGTERM wrote a checkpoint: unfinished (it resumes), not failed
-            failed = bool(attempts) and attempts[-1]["returncode"] not in (0, *STOPPED_CODES)
+            # a run stopped by SIGINT/SIGTERM wrote a checkpoint: unfinished (it resumes), not failed; so is one
+            # whose end was never recorded (returncode None)
+            last_code = attempts[-1]["returncode"] if attempts else None
+            failed = last_code not in (None, 0, *STOPPED_CODES)
             status = "done" if state == "done" else "failed" if failed else "unfinished"
         result = RunResult(self.grid.family, self.agent.name, self.agent.module, self.task.id, self.seed,
                            self.steps, status, options=" ".join(self.args))
         if run_dir is not None:
-            read_run_figures(result, run_dir)
+            read_run_figures(result, run_dir, references)
             result.wall_s = self.wall_seconds()
         return result
 
@@ -472,6 +519,11 @@ class LocalWorkers:
         future = next(iter(done))
         return self.running.pop(future), future.result()
 
+    def finish(self) -> list[tuple[Job, dict[str, Any]]]:
+        """After a Ctrl-C (the agents got it too: each checkpoints and stops): every running job with its outcome."""
+        done, _ = concurrent.futures.wait(self.running)
+        return [(self.running.pop(future), future.result()) for future in done]
+
     def __exit__(self, *_: Any) -> None:
         self.pool.shutdown(wait=True)  # on Ctrl-C the running agents got it too: wait for their checkpoints
 
@@ -507,6 +559,11 @@ class RayWorkers:
     def next_finished(self) -> tuple[Job, dict[str, Any]]:
         (ready,), _ = self.ray.wait(list(self.running), num_returns=1)
         return self.running.pop(ready), self.ray.get(ready)
+
+    def finish(self) -> list[tuple[Job, dict[str, Any]]]:
+        """After a Ctrl-C: nothing (leaving cancels the Ray tasks, whose outcomes are lost: their attempts stay
+        recorded as started, their wall time not measured)."""
+        return []
 
     def __exit__(self, *_: Any) -> None:
         for task in self.running:
@@ -562,10 +619,9 @@ def run_grids(
 
     def on_done(job: Job, outcome: dict[str, Any]) -> None:
         nonlocal finished
-        first, mode, _ = job
+        first = job[0]
         for cell in batch_of[first.cell_dir]:
-            cell.add_attempt(mode, {**outcome, "leaderboard": invocation, "seeds_in_process": len(
-                batch_of[first.cell_dir])})
+            cell.end_attempt(outcome)
             finished += 1
             status = ("done" if cell.state()[0] == "done"
                       else f"stopped by {signal_name(outcome['returncode'] - 128)} with a checkpoint (the same "
@@ -574,19 +630,42 @@ def run_grids(
             log(f"[{finished}/{total}] {cell.agent.name} {cell.task.id} seed {cell.seed}: {status}, "
                 f"{outcome['wall_s'] / 60:.1f} min")
 
-    # a process starts whenever a worker is free and a cell can start (its run to fine-tune has finished)
+    def not_done(cells: list[Cell]) -> list[Cell]:
+        """The cells less those found done now (another process finished them), each said."""
+        nonlocal finished
+        for cell in (cell for cell in cells if cell.state()[0] == "done"):
+            finished += 1
+            log(f"[{finished}/{total}] {cell.agent.name} {cell.task.id} seed {cell.seed}: found done (another "
+                f"process finished it), not started")
+        return [cell for cell in cells if cell.state()[0] != "done"]
+
+    def start(batch: list[Cell]) -> None:
+        """Start the agent process of `batch`, its attempt recorded in each of its cells as it starts."""
+        batch_of[batch[0].cell_dir] = batch
+        mode = batch[0].state()[0]
+        started = {"start_time": time.time(), "leaderboard": invocation, "seeds_in_process": seeds_in_process(batch)}
+        for cell in batch:
+            cell.prepare()
+            cell.start_attempt(mode, started)
+        pool.start((batch[0], mode, batch[0].command(track, len(batch))))
+
+    # a process starts whenever a worker is free and a cell can start (its run to fine-tune has finished); each
+    # cell's state is read again right before, so a cell another process finished is never started
     pool = RayWorkers(ray_address, workers) if ray_address else LocalWorkers(workers)
     with pool if pending else contextlib.nullcontext():
-        while pending or pool.running:
-            for batch in seed_batches(ready_first(pending), batch_seeds)[:pool.capacity - len(pool.running)]:
-                batch_of[batch[0].cell_dir] = batch
-                for cell in batch:
-                    cell.prepare()
-                pool.start((batch[0], batch[0].state()[0], batch[0].command(track, len(batch))))
-                pending = [cell for cell in pending if cell not in batch]
-            if not pool.running:
-                break
-            on_done(*pool.next_finished())
+        try:
+            while pending or pool.running:
+                pending = not_done(pending)
+                for batch in seed_batches(ready_first(pending), batch_seeds)[:pool.capacity - len(pool.running)]:
+                    start(batch)
+                    pending = [cell for cell in pending if cell not in batch]
+                if not pool.running:
+                    break
+                on_done(*pool.next_finished())
+        except KeyboardInterrupt:  # record the attempts the Ctrl-C stopped, with their wall time
+            for job, outcome in pool.finish():
+                on_done(job, outcome)
+            raise
     for cell in pending:
         log(f"not run: {cell.agent.name} {cell.task.id} seed {cell.seed}, as {cell.pretrained.agent.name} seed "
             f"{cell.seed} did not finish")
@@ -594,51 +673,95 @@ def run_grids(
 
 
 def seed_batches(cells: list[Cell], batch_seeds: bool) -> list[list[Cell]]:
-    """The cells as processes: with `batch_seeds`, the cells of one entry and task whose agent takes --num-seeds
-    (SAC, TD3) as one process when their seeds follow one another and all are new, or all resume one seed group;
-    every other cell alone."""
-    if not batch_seeds:
-        return [[cell] for cell in cells]
-    groups: dict[tuple[str, str, str], list[Cell]] = {}
+    """The cells as processes, in the order of `cells`: the cells whose runs to resume are seeds of one group
+    (seeds.json) as one process, with or without `batch_seeds` (`--resume` of any seed's run resumes them all); with
+    `batch_seeds`, the new cells of one entry and task whose agent takes --num-seeds (SAC, TD3) as one process when
+    their seeds follow one another; every other cell alone."""
+    batches: dict[tuple[Any, ...], list[Cell]] = {}
     for cell in cells:
-        groups.setdefault((cell.grid.name, cell.agent.name, cell.task.id), []).append(cell)
-    batches = []
-    for group in groups.values():
-        group.sort(key=lambda cell: cell.seed)
-        seeds, states = [cell.seed for cell in group], {cell.state()[0] for cell in group}
-        fields, _ = agent_fields(group[0].agent.module)
-        together = (len(group) > 1 and fields is not None and "num-seeds" in fields
-                    and seeds == list(range(seeds[0], seeds[0] + len(seeds))) and group[0].pretrained is None
-                    and (states == {"new"} or (states == {"resume"} and _one_seed_group(group))))
-        batches += [group] if together else [[cell] for cell in group]
-    return batches
+        batches.setdefault(_process_key(cell, batch_seeds), []).append(cell)
+    processes = []
+    for key, batch in batches.items():
+        batch.sort(key=lambda cell: cell.seed)
+        processes += [[cell] for cell in batch] if key[0] == "new" and not _one_new_group(batch) else [batch]
+    return processes
 
 
-def _one_seed_group(cells: list[Cell]) -> bool:
-    """Whether the cells' runs to resume are the seeds of one group (seeds.json of the first names them all)."""
-    seeds_file = cells[0].state()[1] / "seeds.json"
-    if not seeds_file.is_file():
-        return False
-    named = {(cells[0].state()[1] / relative).resolve() for relative in json.loads(seeds_file.read_text())["runs"]}
-    return named == {cell.state()[1].resolve() for cell in cells}
+def _process_key(cell: Cell, batch_seeds: bool) -> tuple[Any, ...]:
+    """What the cells that run as one process share: their seed group's runs to resume, or (with `batch_seeds`) a
+    new run's entry and task; else the cell's own directory."""
+    group = cell.seed_group()
+    if group:
+        return ("resume", group)
+    if batch_seeds and cell.state()[0] == "new" and cell.pretrained is None:
+        return ("new", cell.grid.name, cell.agent.name, cell.task.id)
+    return ("alone", cell.cell_dir)
+
+
+def _one_new_group(cells: list[Cell]) -> bool:
+    """Whether new cells (sorted by seed) can run as one --num-seeds process: several, seeds that follow one
+    another, an agent that takes --num-seeds."""
+    seeds = [cell.seed for cell in cells]
+    fields, _ = agent_fields(cells[0].agent.module)
+    return (len(cells) > 1 and fields is not None and "num-seeds" in fields
+            and seeds == list(range(seeds[0], seeds[0] + len(seeds))))
+
+
+def seeds_in_process(batch: list[Cell]) -> int:
+    """How many seeds the process of these cells trains: all of the seed group it resumes, else one per cell."""
+    return len(batch[0].seed_group()) or len(batch)
+
+
+def pretraining_references(cells: list[Cell]) -> dict[tuple[str, str], DatasetReferences]:
+    """By (grid, environment id): the reference returns of the grid's pre-training dataset in that environment (the
+    dataset.json of its first pre-training run), what the grid's runs from scratch there are scored with."""
+    sources = {(cell.grid.name, cell.pretrained.agent.name) for cell in cells if cell.pretrained is not None}
+    references: dict[tuple[str, str], DatasetReferences] = {}
+    for cell in cells:
+        if (cell.grid.name, cell.agent.name) in sources:
+            for found in filter(None, map(dataset_references, cell.run_dirs())):
+                references.setdefault((cell.grid.name, found.env_id), found)
+    return references
 
 
 def _results(cells: list[Cell], unavailable: dict[str, str], taken: dict[Path, RunResult]) -> list[RunResult]:
-    return [taken.get(cell.cell_dir) or cell.result("unavailable" if cell.agent.module in unavailable else None)
+    references = pretraining_references(cells)
+    return [taken.get(cell.cell_dir) or cell.result("unavailable" if cell.agent.module in unavailable else None,
+                                                    references.get((cell.grid.name, cell.task.id)))
             for cell in cells]
 
 
 def runs_provenance(cells: list[Cell], invocation: str) -> list[str]:
-    """Header lines saying which leaderboard commands made the runs, on how many usable CPU cores."""
-    attempts = [a for cell in cells if cell.cell_dir.is_dir() for a in cell.record()["attempts"]]
+    """Header lines saying which leaderboard commands made the runs: how many agent processes (one that trained
+    several seeds counted once), on which hosts, with how many usable CPU cores."""
+    processes: dict[float, dict[str, Any]] = {}  # a process's attempt is recorded alike in each cell it ran
+    for cell in (cell for cell in cells if cell.cell_dir.is_dir()):
+        for attempt in cell.record()["attempts"]:
+            processes.setdefault(attempt["start_time"], attempt)
     lines = []
-    for command in dict.fromkeys(a.get("leaderboard", "") for a in attempts):
-        made = [a for a in attempts if a.get("leaderboard", "") == command]
-        cpus = sorted({a.get("usable_cpus") for a in made} - {None})
-        where = (f"{len(made)} agent process(es) on {', '.join(sorted({a['host'] for a in made}))}"
-                 + (f", each with {' or '.join(map(str, cpus))} usable CPU core(s)" if cpus else ""))
-        lines.append(f"Runs made by: {where}" + ("" if command == invocation else f", with `{command}`"))
+    for command in dict.fromkeys(a.get("leaderboard", "") for a in processes.values()):
+        made = [a for a in processes.values() if a.get("leaderboard", "") == command]
+        lines.append(f"Runs made by: {_processes_text(made)}"
+                     + ("" if command == invocation else f", with `{command}`"))
+    unrecorded = sum(cell.unrecorded_attempts() for cell in cells if cell.cell_dir.is_dir())
+    if unrecorded:
+        lines.append(f"Agent processes that cell.json does not record (stopped when leaderboards recorded an attempt "
+                     f"only as its process returned): {unrecorded}; their runs' steps/s and wall time are not measured")
     return lines
+
+
+def _processes_text(attempts: list[dict[str, Any]]) -> str:
+    """'3 agent process(es) (1 of them training 3 seeds at once) on vm, each with 1 usable CPU core(s)'."""
+    cpus = sorted({a.get("usable_cpus") for a in attempts} - {None})
+    hosts = sorted({a["host"] for a in attempts if "host" in a})
+    batched = [a["seeds_in_process"] for a in attempts if a.get("seeds_in_process", 1) > 1]
+    unended = sum(a["wall_s"] is None for a in attempts)
+    notes = ([f"{len(batched)} of them training {' or '.join(map(str, sorted(set(batched))))} seeds at once"]
+             if batched else [])
+    notes += [f"{unended} of them ended without a record, their runs' wall time not measured"] if unended else []
+    return (f"{len(attempts)} agent process(es)" + (f" ({'; '.join(notes)})" if notes else "")
+            + (f" on {', '.join(hosts)}" if hosts else "")
+            + (f", each with {' or '.join(map(str, cpus))} usable CPU core(s)" if cpus else ""))
 
 
 def _parse_value(text: str) -> Any:

@@ -7,6 +7,7 @@ import csv
 import dataclasses
 import os
 import platform
+import re
 import subprocess
 import textwrap
 import time
@@ -25,15 +26,18 @@ from keelrl.benchmarks.aggregate import (
     iqm_by_agent,
     read_csv_rows,
     run_outcome,
+    score_origin,
     summarize_cells,
 )
-from keelrl.benchmarks.reference_scores import PublishedScore, no_range_reason, published_for, score_range, score_source
+from keelrl.benchmarks.reference_scores import PublishedScore, no_range_reason, published_for, score_range
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 BUDGET_UNITS = {"offline": "gradient updates", "rlvr": "iterations",
                 "offline-to-online": "gradient updates (offline pre-training) or environment steps (fine-tuning)"}
 # other families: environment steps
 RETURN_NAMES = {"rlvr": "final held-out greedy reward"}  # other families: the evaluation return
+ENV_VERSION = re.compile(r"-v(\d+)$")
+"""the version at the end of an environment id ("Hopper-v4" -> "4")"""
 
 
 def steps_text(steps: int | None) -> str:
@@ -114,11 +118,32 @@ def _published_cell(cell: CellSummary, sources: _Sources) -> tuple[str, str]:
         if cell.data != CLEAN:  # every published figure keelrl holds was measured on clean data
             budgets.append(f"{published.budget} on clean data vs keelrl {steps_text(cell.budget)} on {cell.data}: "
                            "**not comparable**")
+        elif published.budget_steps == cell.budget and other_env_version(published.published_task, cell.task):
+            budgets.append(f"{published.budget} on {published.published_task} vs keelrl {steps_text(cell.budget)} on "
+                           f"{cell.task}: **not comparable** (other env version)")
         elif published.budget_steps == cell.budget:
             budgets.append(f"{published.budget}: same budget")
         else:
             budgets.append(f"{published.budget} vs keelrl {steps_text(cell.budget)}: **not comparable**")
     return "<br>".join(values), "<br>".join(budgets)
+
+
+def other_env_version(published_task: str, task: str) -> bool:
+    """Whether a published figure's environment is another version of the cell's ("Hopper-v4" beside "Hopper-v5");
+    False where either id names no version (a D4RL dataset "hopper-medium-v2 (D4RL)", an Atari game)."""
+    published, ours = ENV_VERSION.search(published_task), ENV_VERSION.search(task)
+    return published is not None and ours is not None and published.group(1) != ours.group(1)
+
+
+def _speed_cells(cell: CellSummary) -> list[str]:
+    """The steps/s and wall min/run cells: means over the finished runs whose wall time was measured, "not measured"
+    where none was, and how many were where only some were."""
+    if cell.seeds_done == 0:
+        return ["–", "–"]
+    if cell.runs_timed == 0:
+        return ["not measured", "not measured"]
+    measured = "" if cell.runs_timed == cell.seeds_done else f" ({cell.runs_timed} of {cell.seeds_done} runs measured)"
+    return [_rate(cell.sps_mean) + measured, f"{cell.wall_s_mean / 60:.1f}" + measured]
 
 
 def _count_text(done: int, planned: int, not_finished: str) -> str:
@@ -155,18 +180,15 @@ def family_table(family: str, cells: list[CellSummary], iqms: list[AgentIQM], re
                _count_text(cell.seeds_done, cell.seeds_planned, cell.not_finished), result]
         row += [_pm(cell.cost_mean, cell.cost_std)] if safe else []
         if normalised:
-            no_range = np.isnan(cell.score_mean) and score_source(family, cell.task) is None
+            no_range = np.isnan(cell.score_mean) and score_origin(family, cell.task) is None
             row += ["no declared range" if no_range else _pm(cell.score_mean, cell.score_std)]
-        row += [_pm(cell.last_train_mean, cell.last_train_std),
-                _rate(cell.sps_mean),
-                f"{cell.wall_s_mean / 60:.1f}" if np.isfinite(cell.wall_s_mean) else "–",
-                *_published_cell(cell, sources)]
+        row += [_pm(cell.last_train_mean, cell.last_train_std), *_speed_cells(cell), *_published_cell(cell, sources)]
         lines.append("| " + " | ".join(row) + " |")
     lines += ["", "Published sources:" if sources.entries else "No published figure matches these agents and tasks."]
     lines += [f"{i}. {entry}" for i, entry in enumerate(sources.entries, 1)]
     tasks = list(dict.fromkeys(c.task for c in cells))
     ranges = {score_range(task) for task in tasks} - {None}
-    undeclared = [task for task in tasks if score_source(family, task) is None]
+    undeclared = [task for task in tasks if score_origin(family, task) is None]
     if safe:
         lines += ["", "Cost: mean episode cost of the final evaluation (the Lagrangian agents' default limit is 25, "
                   "OmniSafe's; see each run's config.json for the limit it used)."]
@@ -175,14 +197,12 @@ def family_table(family: str, cells: list[CellSummary], iqms: list[AgentIQM], re
                   "logged as eval/normalized_score). keelrl's datasets are made here with the D4RL recipe, not the "
                   "D4RL v2 files: published D4RL scores are on other data."]
     elif family == "offline-to-online":
-        lines += ["", "Normalised score: a run that logs its own (pre-training and fine-tuning: the D4RL formula with "
-                  "the dataset's reference returns, eval/normalized_score) is taken at its word; a run from scratch "
-                  "in the dataset's environment is scored by the environment's range."]
-    if ranges and family != "offline":
+        lines += ["", dataset_scores_text(results)]
+    if ranges and family not in ("offline", "offline-to-online"):
         lines += ["", "Normalised score = 100 · (return − low) / (high − low); "
                   + "; ".join(f"{r.task}: low {r.low:g}, high {r.high:g} ({r.source})" for r in sorted(ranges, key=str))
-                  + ". An agent that reports its own normalised score in eval.csv is taken at its word in the table "
-                    "above (not in the IQM, which needs a declared range)."]
+                  + ". An agent that reports its own normalised score in eval.csv (a normalized_score column) is taken "
+                    "at its word, in the table above and in the IQM."]
     if undeclared:
         by_reason: dict[str, list[str]] = {}
         for task in undeclared:
@@ -206,6 +226,26 @@ def family_table(family: str, cells: list[CellSummary], iqms: list[AgentIQM], re
     return lines
 
 
+def dataset_scores_text(results: list[RunResult]) -> str:
+    """How an offline-to-online table is normalised: the pre-training dataset's reference returns, which, and the
+    entries scored with each (and those left without a score)."""
+    entries: dict[str, list[str]] = {}
+    for result in (r for r in results if run_outcome(r) == FINISHED):
+        entries.setdefault(result.score_references, [])
+        if result.label not in entries[result.score_references]:
+            entries[result.score_references].append(result.label)
+    unscored = entries.pop("", [])
+    return ("Normalised score = 100 · (return − low) / (high − low) with the reference returns of the grid's "
+            "pre-training dataset (from its dataset.json: low = ref_min_score, a random policy's return; high = "
+            "ref_max_score, the expert's), for every run alike, in the table and in the IQM, as "
+            "benchmarks/checks/offline_to_online.py scores them: "
+            + "; ".join(f"{references} ({', '.join(labels)})" for references, labels in entries.items())
+            + ". A run from scratch has no dataset of its own: it is scored with the references of the grid's "
+              "pre-training dataset in its environment."
+            + (f" No normalised score (no pre-training dataset with reference returns in its environment): "
+               f"{', '.join(unscored)}." if unscored else ""))
+
+
 def write_markdown(path: Path, title: str, header: list[str], results: list[RunResult], reps: int) -> None:
     cells = summarize_cells(results)
     iqms = iqm_by_agent(results, reps=reps)
@@ -213,9 +253,14 @@ def write_markdown(path: Path, title: str, header: list[str], results: list[RunR
              "How to read it: \"final eval return\" is the mean over seeds (± std, ddof 0) of each run's last "
              "evaluation (the mean return of the agent's deterministic evaluation episodes after its last step); "
              f"\"last {LAST_EPISODES} training episodes\" is the mean return of a run's last {LAST_EPISODES} training "
-             "episodes, the figure CleanRL publishes. steps/s = the run's steps / the wall time of its agent "
-             "processes (start-up, evaluations and checkpoints included). Published figures stand beside keelrl's "
-             "with their budget: a figure measured at another budget or environment version is not comparable.", ""]
+             "episodes, the figure CleanRL publishes. steps/s = the run's steps / its share of the wall time of the "
+             "agent processes that made it (start-up, evaluations and checkpoints included): a process that trained "
+             "S seeds at once (--batch-seeds) gives each run 1/S of its wall time, so a batched run's steps/s is its "
+             "process's steps of all seeds over its wall time and \"wall min/run\" is that wall time / S, the "
+             "figures to set beside runs made one per process on the same cores. steps/s and wall min/run are means "
+             "over the finished runs whose wall time was measured (\"not measured\": an attempt at the run ended "
+             "without a record of its wall time). Published figures stand beside keelrl's with their budget: a "
+             "figure measured at another budget or environment version is not comparable.", ""]
     for family in dict.fromkeys(r.family for r in results):
         lines += family_table(family, [c for c in cells if c.family == family], [a for a in iqms if a.family == family],
                               [r for r in results if r.family == family])
@@ -295,6 +340,7 @@ def read_runs_tables(out_dir: Path, name: str) -> list[RunResult]:
         row["family"], row["label"], row["agent"], row["task"], int(row["seed"]), int(row["budget"]), row["status"],
         data=row["data"], options=row.get("options", ""), run_dir=row["run_dir"], steps=int(row["steps"]),
         final_return=float(row["final_return"]), final_cost=float(row["final_cost"]), score=float(row["score"]),
+        score_references=row.get("score_references", ""),
         last_train_return=float(row["last_train_return"]), wall_s=float(row["wall_s"]),
         curve=curves.get((row["family"], row["label"], row["task"], int(row["seed"])), []),
     ) for row in read_csv_rows(out_dir / f"{name}_runs.csv")]

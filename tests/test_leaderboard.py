@@ -334,6 +334,18 @@ def test_batch_seeds_runs_an_entrys_seeds_as_one_process_into_their_own_cells(tm
     messages.clear()
     leaderboard.run_grids([grid], tmp_path / "runs", batch_seeds=True, log=messages.append)
     assert "2 cells: 2 finished (skipped)" in messages[0]
+    # each run's share of the process: its wall time over the 2 seeds it trained
+    assert [r.wall_s for r in results] == [pytest.approx(attempts[0][0]["wall_s"] / 2)] * 2
+
+    # the group stopped after its last checkpoint (model.pt not written): rerun without --batch-seeds, two workers,
+    # it resumes as one process (two `--resume`s of one group each resumed both seeds at once)
+    for cell in cells:
+        (cell.state()[1] / leaderboard.MODEL_FILE).unlink()
+    results = leaderboard.run_grids([grid], tmp_path / "runs", workers=2, log=messages.append)
+    assert [(r.seed, r.status) for r in results] == [(1, "done"), (2, "done")]
+    resumed = [cell.record()["attempts"][1:] for cell in cells]
+    assert resumed[0] == resumed[1] and [(a["mode"], a["returncode"]) for a in resumed[0]] == [("resume", 0)]
+    assert resumed[0][0]["seeds_in_process"] == 2 and [len(cell.run_dirs()) for cell in cells] == [1, 1]
 
 
 def test_every_preset_grid_loads_and_names_only_options_its_agents_have(tmp_path):
@@ -429,7 +441,12 @@ def test_a_grid_killed_mid_run_is_resumed_from_the_checkpoint(tmp_path):
 
     (result,) = leaderboard.run_grids([cell.grid], runs, workers=1, log=lambda _: None)
     assert result.status == "done" and result.run_dir == str(run_dir)  # the same run directory, continued
-    assert [a["mode"] for a in cell.record()["attempts"]] == ["resume"]
+    # the killed attempt is recorded as it started, its end never: the run's wall time is not measured (the resumed
+    # attempt's alone would overstate its speed)
+    attempts = cell.record()["attempts"]
+    assert [(a["mode"], a["returncode"], a["wall_s"] is None) for a in attempts] == [("new", None, True),
+                                                                                     ("resume", 0, False)]
+    assert np.isnan(result.wall_s) and np.isnan(result.sps)
     log = (cell.cell_dir / "log.txt").read_text()
     assert f"resume run: python -m keelrl.agents.sac --resume {run_dir.resolve()}" in log
     assert int(eval_rows(run_dir)[-1]["global_step"]) == 300
@@ -447,9 +464,11 @@ def test_a_cell_stopped_by_a_signal_is_unfinished_and_one_that_crashed_is_failed
                          'agents = ["sac"]\n')
     cell = leaderboard.expand(leaderboard.load_grid(str(grid_file)), tmp_path / "runs")[0]
     cell.prepare()
-    for returncode, status in ((128 + signal.SIGINT, "unfinished"), (128 + signal.SIGTERM, "unfinished"),
-                               (1, "failed")):
-        cell.add_attempt("new", {"returncode": returncode, "wall_s": 1.0})
+    for returncode, status in ((None, "unfinished"), (128 + signal.SIGINT, "unfinished"),
+                               (128 + signal.SIGTERM, "unfinished"), (1, "failed")):
+        cell.start_attempt("new", {"start_time": 1.0})
+        if returncode is not None:  # None: the attempt's end was never recorded
+            cell.end_attempt({"returncode": returncode, "wall_s": 1.0})
         assert cell.result().status == status, returncode
 
 
@@ -536,3 +555,192 @@ def test_curves_get_one_panel_per_task_some_run_has_evaluated(tmp_path):
     plot_curves(tmp_path / "partial.png", "offline-to-online", [*evaluated, result("Hopper-v5", 1, [])])
     plot_curves(tmp_path / "both.png", "offline-to-online", [*evaluated, result("Hopper-v5", 1, [(0, 1.0)])])
     assert Image.open(tmp_path / "partial.png").width == 500 and Image.open(tmp_path / "both.png").width == 1000
+
+
+def write_run(cell, final_return=100.0, steps=200, done=True, dataset=None):
+    """A run directory in `cell` as an agent leaves it: config.json, eval.csv (its last evaluation `final_return` at
+    `steps`), checkpoint.pt, and model.pt when `done`; `dataset`: its dataset.json."""
+    cell.prepare()
+    run_dir = cell.cell_dir / f"run{cell.seed}"
+    run_dir.mkdir()
+    (run_dir / "config.json").write_text(json.dumps({"algo": cell.agent.module, "config": {"seed": cell.seed}}))
+    (run_dir / "eval.csv").write_text("global_step,mean_return,std_return,mean_cost,episodes\n"
+                                      f"{steps},{final_return},0.0,0.0,2\n")
+    (run_dir / leaderboard.CHECKPOINT_FILE).write_bytes(b"")
+    if done:
+        (run_dir / leaderboard.MODEL_FILE).write_bytes(b"")
+    if dataset is not None:
+        (run_dir / "dataset.json").write_text(json.dumps(dataset))
+    return run_dir
+
+
+def recorded_attempt(cells, mode, wall_s, returncode=0, start_time=1.0, seeds=1):
+    """One agent process's attempt, recorded in each of `cells` as the leaderboard records it."""
+    for cell in cells:
+        cell.start_attempt(mode, {"start_time": start_time, "leaderboard": "python -m keelrl.benchmarks.leaderboard",
+                                  "seeds_in_process": seeds})
+        cell.end_attempt({"returncode": returncode, "start_time": start_time, "wall_s": wall_s, "host": "vm",
+                          "usable_cpus": 1})
+
+
+def finishing_agent(calls):
+    """A stand-in for run_agent_process that records each command and, for a --resume, finishes every run of the
+    seed group it resumes (model.pt), as the agent would; 30 s of wall time."""
+    def run(command, log_path, mode):
+        calls.append(command)
+        if "--resume" in command:
+            run_dir = Path(command[command.index("--resume") + 1])
+            for relative in json.loads((run_dir / "seeds.json").read_text())["runs"]:
+                (run_dir / relative / leaderboard.MODEL_FILE).write_bytes(b"")
+        return {"returncode": 0, "start_time": time.time(), "wall_s": 30.0, "host": "vm", "usable_cpus": 1}
+    return run
+
+
+@pytest.mark.parametrize("workers", [1, 3])
+def test_a_stopped_seed_group_resumes_as_one_process_and_a_cell_found_done_is_never_started(tmp_path, monkeypatch,
+                                                                                          workers):
+    """Seeds 1-3 trained as one --batch-seeds process (60 s) and stopped: rerun without --batch-seeds, the cells
+    resume as one process (each `--resume` resumes the whole group: three of them collided, and with one worker
+    seeds 2 and 3, finished by seed 1's resume, were started again as new runs)."""
+    grid = tiny_grid("group", ["sac"], seeds=(1, 2, 3))
+    cells = leaderboard.expand(grid, tmp_path / "runs")
+    run_dirs = [write_run(cell, done=False) for cell in cells]
+    for run_dir in run_dirs:
+        (run_dir / "seeds.json").write_text(json.dumps({"runs": [os.path.relpath(d, run_dir) for d in run_dirs]}))
+    recorded_attempt(cells, "new", wall_s=60.0, returncode=130, seeds=3)
+    calls = []
+    monkeypatch.setattr(leaderboard, "run_agent_process", finishing_agent(calls))
+    messages = []
+    leaderboard.run_grids([grid], tmp_path / "runs", dry_run=True, log=messages.append)
+    assert [m for m in messages if m.startswith("resume: ")] == [
+        f"resume: python -m keelrl.agents.sac --resume {run_dirs[0].resolve()} --quiet"]
+    results = leaderboard.run_grids([grid], tmp_path / "runs", workers=workers, log=messages.append)
+    assert calls == [["-m", "keelrl.agents.sac", "--resume", str(run_dirs[0].resolve()), "--quiet"]]
+    assert [r.status for r in results] == ["done"] * 3
+    assert [cell.run_dirs() for cell in cells] == [[run_dir] for run_dir in run_dirs]  # no new run started
+    for cell, result in zip(cells, results):
+        assert [(a["mode"], a["seeds_in_process"]) for a in cell.record()["attempts"]] == [("new", 3), ("resume", 3)]
+        assert result.wall_s == pytest.approx((60.0 + 30.0) / 3)  # its share of both processes
+
+    # a cell found done right before it would start (another process finished it) is not started
+    grid = tiny_grid("apart", ["sac"], seeds=(1, 2))
+    first, second = leaderboard.expand(grid, tmp_path / "runs")
+    for cell in (first, second):
+        write_run(cell, done=False)
+        recorded_attempt([cell], "new", wall_s=10.0, returncode=130, start_time=float(cell.seed))
+
+    def finishes_both(command, log_path, mode):
+        calls.append(command)
+        for cell in (first, second):
+            (cell.state()[1] / leaderboard.MODEL_FILE).write_bytes(b"")
+        return {"returncode": 0, "start_time": time.time(), "wall_s": 5.0, "host": "vm", "usable_cpus": 1}
+
+    calls.clear()
+    monkeypatch.setattr(leaderboard, "run_agent_process", finishes_both)
+    messages.clear()
+    results = leaderboard.run_grids([grid], tmp_path / "runs", workers=1, log=messages.append)
+    assert len(calls) == 1 and [r.status for r in results] == ["done", "done"]
+    assert "[2/2] sac InvertedPendulum-v5 seed 2: found done (another process finished it), not started" in messages
+    assert len(second.record()["attempts"]) == 1 and second.run_dirs() == [second.cell_dir / "run2"]
+
+
+def test_an_attempt_stopped_by_ctrl_c_is_recorded_and_a_run_with_an_unrecorded_attempt_is_not_measured(
+        tmp_path, monkeypatch):
+    """An attempt ended by Ctrl-C reaches cell.json with its wall time (it was recorded only when its process
+    returned normally, so a run's steps/s counted its resumed attempt alone: 185 steps/s against 55 real)."""
+    import threading
+
+    grid = tiny_grid("stopped", ["sac"], seeds=(1,))
+    (cell,) = leaderboard.expand(grid, tmp_path / "runs")
+
+    def stopped_by_ctrl_c(command, log_path, mode):
+        time.sleep(0.2)  # the agent runs
+        signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)  # the user's Ctrl-C reaches the leaderboard
+        time.sleep(0.2)  # ... and the agent, which checkpoints and stops
+        return {"returncode": 128 + signal.SIGINT, "start_time": 7.0, "wall_s": 12.5, "host": "vm", "usable_cpus": 1}
+
+    monkeypatch.setattr(leaderboard, "run_agent_process", stopped_by_ctrl_c)
+    with pytest.raises(KeyboardInterrupt):
+        leaderboard.run_grids([grid], tmp_path / "runs", workers=1, log=lambda _: None)
+    (attempt,) = cell.record()["attempts"]
+    assert (attempt["mode"], attempt["returncode"], attempt["wall_s"], attempt["start_time"]) == ("new", 130, 12.5, 7.0)
+
+    # runs whose wall time is not measured: the first recorded attempt resumes the run (seed 1); log.txt shows an
+    # attempt more than cell.json records (seed 2); an attempt whose end was never recorded (seed 3); seed 4 measured
+    grid = tiny_grid("measured", ["sac"], seeds=(1, 2, 3, 4))
+    cells = leaderboard.expand(grid, tmp_path / "runs")
+    for cell in cells:
+        write_run(cell, steps=200)
+    recorded_attempt(cells[:1], "resume", wall_s=2.0)
+    recorded_attempt(cells[1:], "new", wall_s=4.0, returncode=130)
+    cells[2].start_attempt("resume", {"start_time": 2.0})  # its leaderboard was killed: this attempt never ended
+    recorded_attempt(cells[1:], "resume", wall_s=6.0, start_time=3.0)
+    (cells[1].cell_dir / "log.txt").write_text("".join(f"=== 2026-01-01 00:00:0{i} on vm: {mode} run: python -m x\n"
+                                                       for i, mode in enumerate(("new", "resume", "resume"))))
+    results = leaderboard.run_grids([grid], tmp_path / "runs", dry_run=True, log=lambda _: None)
+    assert [cell.unrecorded_attempts() for cell in cells] == [1, 1, 0, 0]
+    assert np.isnan([r.wall_s for r in results[:3]]).all() and np.isnan([r.sps for r in results[:3]]).all()
+    assert results[3].wall_s == 10.0 and results[3].sps == 20.0
+    page = page_of(tmp_path, results)
+    assert "| 20 (1 of 4 runs measured) | 0.2 (1 of 4 runs measured) |" in page
+    assert "| not measured | not measured |" in page_of(tmp_path, results[:3], "none")
+
+
+def test_a_batched_process_counts_once_and_gives_each_seed_its_share_of_the_wall_time(tmp_path):
+    """cpu-evidence-seeds: one process trained seeds 1-3 (50k steps each) in 2107 s. It was counted as 3 processes
+    and its whole wall time charged to each seed (24 steps/s, 35.1 min/run beside 69 steps/s for one process per
+    seed); it is one process at 3 × 50k / 2107 s = 71 steps/s, 2107 / 3 s per run."""
+    grid = tiny_grid("batched", ["sac"], seeds=(1, 2, 3), steps=50_000)
+    cells = leaderboard.expand(grid, tmp_path / "runs")
+    for cell in cells:
+        write_run(cell, steps=50_000)
+    recorded_attempt(cells, "new", wall_s=2107.35, seeds=3)
+    results = leaderboard.run_grids([grid], tmp_path / "runs", dry_run=True, log=lambda _: None)
+    assert [r.wall_s for r in results] == [pytest.approx(2107.35 / 3)] * 3
+    assert [r.sps for r in results] == [pytest.approx(3 * 50_000 / 2107.35)] * 3
+    assert leaderboard.runs_provenance(cells, "python -m keelrl.benchmarks.leaderboard") == [
+        "Runs made by: 1 agent process(es) (1 of them training 3 seeds at once) on vm, each with 1 usable CPU core(s)"]
+    assert "| 71 | 11.7 |" in page_of(tmp_path, results)
+
+
+def test_an_offline_to_online_run_from_scratch_is_scored_with_the_pretraining_datasets_references(tmp_path):
+    """SAC from scratch beside CQL pre-training and WSRL fine-tuning on keelrl/hopper-medium-v0 (references 17.5 /
+    3234.3): it was scored with D4RL's Hopper range (-20.27 / 3234.3), the only one the page stated, while the page
+    said scores the agents log are not in the IQM, which pooled them."""
+    spec = {"name": "o2o", "family": "offline-to-online", "seeds": [1], "steps": 100, "task_flag": "dataset",
+            "steps_flag": "total-updates", "tasks": ["keelrl/hopper-medium-v0", "Hopper-v5"],
+            "agents": [{"name": "cql-pre", "module": "cql", "tasks": ["keelrl/hopper-medium-v0"]},
+                       {"name": "wsrl", "module": "wsrl", "pretrained": "cql-pre", "task_flag": "",
+                        "steps_flag": "total-timesteps", "tasks": ["keelrl/hopper-medium-v0"]},
+                       {"name": "sac-scratch", "module": "sac", "task_flag": "env-id", "steps_flag": "total-timesteps",
+                        "tasks": ["Hopper-v5"]}]}
+    grid = leaderboard.grid_from_dict(spec, "o2o")
+    dataset = {"source": "keelrl/hopper-medium-v0", "env_id": "Hopper-v5", "ref_scores": [17.5, 3234.3]}
+    cql, wsrl, sac = leaderboard.expand(grid, tmp_path / "runs")
+    write_run(cql, final_return=3000.0, dataset=dataset)
+    write_run(wsrl, final_return=3234.3, dataset=dataset)
+    write_run(sac, final_return=821.7)  # a run from scratch: no dataset.json
+    results = leaderboard.run_grids([grid], tmp_path / "runs", dry_run=True, log=lambda _: None)
+    scores = [100 * (value - 17.5) / (3234.3 - 17.5) for value in (3000.0, 3234.3, 821.7)]
+    assert [r.score for r in results] == [pytest.approx(score) for score in scores]
+    assert {r.score_references for r in results} == {"keelrl/hopper-medium-v0: low 17.5, high 3234.3"}
+    assert [entry.iqm for entry in iqm_by_agent(results, reps=100)] == [pytest.approx(score) for score in scores]
+    page = page_of(tmp_path, results)
+    assert "| sac-scratch | Hopper-v5 | 100 | 1/1 | 821.7 ± 0.0 | 25.0 ± 0.0 |" in page
+    assert ("in the table and in the IQM, as benchmarks/checks/offline_to_online.py scores them: "
+            "keelrl/hopper-medium-v0: low 17.5, high 3234.3 (cql-pre, wsrl, sac-scratch).") in page
+    assert "-20.2723" not in page and "not in the IQM" not in page
+
+
+def test_a_published_figure_on_another_env_version_is_not_comparable_at_the_same_budget(tmp_path):
+    """keelrl's PPO on Hopper-v5 beside CleanRL's on Hopper-v4, both 1M steps: "same budget" alone read as
+    comparable."""
+    results = [RunResult("online", label, "ppo", task, 1, 1_000_000, "done", steps=1_000_000, final_return=3000.0,
+                         score=normalized_score(task, 3000.0)) for label, task in (("v5", "Hopper-v5"),
+                                                                                   ("v4", "Hopper-v4"))]
+    page = page_of(tmp_path, results)
+    v5_row, v4_row = (next(line for line in page.splitlines() if line.startswith(f"| {label} |"))
+                      for label in ("v5", "v4"))
+    assert v5_row.endswith("| 2382.9 ± 271.7 [1] | 1M env steps on Hopper-v4 vs keelrl 1M on Hopper-v5: "
+                           "**not comparable** (other env version) |")
+    assert v4_row.endswith("| 2382.9 ± 271.7 [1] | 1M env steps: same budget |")
