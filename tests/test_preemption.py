@@ -10,7 +10,9 @@ import shutil
 import signal
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -172,22 +174,31 @@ def buffer_sizes_at_restore(monkeypatch) -> list[int]:
     return sizes
 
 
-def test_a_kill_between_the_buffer_and_the_checkpoint_resumes_from_the_previous_pair(tmp_path, monkeypatch):
-    """The issue's repro: the newer buffer on disk beside the older checkpoint used to be trained on silently."""
-    real_write = checkpoints.write_atomically
+def run_killed_in(tmp_path: Path, monkeypatch, target: Any, name: str, kill_when: Callable[..., bool]) -> Path:
+    """A SAC run of 600 steps with checkpoints every 200 steps, killed inside `target.name` (an exception instead of
+    the call) at the first call whose arguments `kill_when` picks; its run directory."""
+    real = getattr(target, name)
 
-    def write(path, state):
-        if Path(path).name == NEXT_CHECKPOINT_FILE and state["global_step"] == 400:
-            raise Killed  # the buffer of step 400 is on disk; its checkpoint never comes
-        real_write(path, state)
+    def killing(*args):
+        if kill_when(*args):
+            raise Killed
+        return real(*args)
 
-    monkeypatch.setattr(checkpoints, "write_atomically", write)
+    monkeypatch.setattr(target, name, killing)
     with pytest.raises(Killed):
         sac.train(sac.SACConfig(env_id="InvertedPendulum-v5", total_timesteps=600, learning_starts=100, batch_size=16,
                                 hidden_sizes=(16, 16), checkpoint_freq=200, eval_freq=0, quiet=True,
                                 runs_dir=str(tmp_path)))
-    monkeypatch.setattr(checkpoints, "write_atomically", real_write)
+    monkeypatch.setattr(target, name, real)
     (run_dir,) = tmp_path.iterdir()
+    return run_dir
+
+
+def test_a_kill_between_the_buffer_and_the_checkpoint_resumes_from_the_previous_pair(tmp_path, monkeypatch):
+    """The issue's repro: the newer buffer on disk beside the older checkpoint used to be trained on silently."""
+    # the buffer of step 400 is on disk; its checkpoint never comes
+    run_dir = run_killed_in(tmp_path, monkeypatch, checkpoints, "write_atomically", lambda path, state: (
+        Path(path).name == NEXT_CHECKPOINT_FILE and state["global_step"] == 400))
     assert torch.load(run_dir / CHECKPOINT_FILE, weights_only=True)["global_step"] == 200
     assert torch.load(run_dir / NEXT_BUFFER_FILE, weights_only=True)["rewards"].shape == (400,)
     buffers = buffer_sizes_at_restore(monkeypatch)
@@ -198,20 +209,8 @@ def test_a_kill_between_the_buffer_and_the_checkpoint_resumes_from_the_previous_
 
 def test_a_kill_before_the_checkpoint_is_put_in_place_resumes_from_it(tmp_path, monkeypatch):
     """checkpoint.next.pt and buffer.next.pt of step 400 are whole on disk; the renames never came."""
-    real_commit = loop.commit_checkpoint
-
-    def commit(run_dir):
-        if checkpoints.saved_step(run_dir / NEXT_CHECKPOINT_FILE) == 400:
-            raise Killed
-        real_commit(run_dir)
-
-    monkeypatch.setattr(loop, "commit_checkpoint", commit)
-    with pytest.raises(Killed):
-        sac.train(sac.SACConfig(env_id="InvertedPendulum-v5", total_timesteps=600, learning_starts=100, batch_size=16,
-                                hidden_sizes=(16, 16), checkpoint_freq=200, eval_freq=0, quiet=True,
-                                runs_dir=str(tmp_path)))
-    monkeypatch.setattr(loop, "commit_checkpoint", real_commit)
-    (run_dir,) = tmp_path.iterdir()
+    run_dir = run_killed_in(tmp_path, monkeypatch, loop, "commit_checkpoint", lambda run_dir: (
+        checkpoints.saved_step(run_dir / NEXT_CHECKPOINT_FILE) == 400))
     assert checkpoints.saved_step(run_dir / CHECKPOINT_FILE) == 200
     buffers = buffer_sizes_at_restore(monkeypatch)
     assert resume(run_dir) == 0
