@@ -43,6 +43,7 @@ from keelrl.agents.harness.options import (
     RunOptions,
     apply_preset,
     require_positive_counts,
+    require_positive_widths,
     run_cli,
     validate_run_options,
 )
@@ -158,6 +159,7 @@ def validate(config: CQLConfig) -> None:
     """Reject option values no run can use, with the option's command-line name."""
     validate_run_options(config, "total_updates")
     validate_dataset_options(config)
+    require_positive_widths(config)
     check_device(config.device, compile=False, cudagraphs=False)
     check_precision(config.precision, config.device)
     require_positive_counts(config, "batch_size")

@@ -54,6 +54,7 @@ from keelrl.agents.harness.options import (
 )
 from keelrl.envs.rlvr_tasks import Problem, Task, make_task, pass_at_k
 from keelrl.envs.token_env import UNFILLED, GroupTokenEnv
+from keelrl.networks import check_device
 from keelrl.networks.char_lm import CharTokenizer, tiny_gpt2
 from keelrl.networks.lm_policy import (
     Completions,
@@ -198,8 +199,7 @@ def validate(config: GRPOConfig) -> None:
     if config.max_new_tokens >= config.context_length:
         raise ValueError(f"--max-new-tokens {config.max_new_tokens} leaves no room for a prompt in "
                          f"--context-length {config.context_length}.")
-    if config.device.startswith("cuda") and not torch.cuda.is_available():
-        raise ValueError(f"--device {config.device}: torch sees no CUDA GPU on this machine; use --device cpu.")
+    check_device(config.device, compile=False, cudagraphs=False)
 
 
 # ---- the GRPO objective, term by term (each tested on hand-made groups) ----

@@ -33,7 +33,13 @@ from torch import nn
 
 from keelrl.agents.harness.checkpoints import SavedAgent, read_checkpoint
 from keelrl.agents.harness.loop import Run, TrainResult
-from keelrl.agents.harness.options import RunOptions, require_positive_counts, run_cli, validate_run_options
+from keelrl.agents.harness.options import (
+    RunOptions,
+    require_positive_counts,
+    require_positive_widths,
+    run_cli,
+    validate_run_options,
+)
 from keelrl.buffers import Batch
 from keelrl.buffers.corruption import Policy, QFunction
 from keelrl.buffers.offline import (
@@ -108,6 +114,7 @@ def validate(config: IQLConfig) -> None:
     """Reject option values no run can use, with the option's command-line name."""
     validate_run_options(config, "total_updates")
     validate_dataset_options(config)
+    require_positive_widths(config)
     check_device(config.device, compile=False, cudagraphs=False)
     check_precision(config.precision, config.device)
     require_positive_counts(config, "batch_size")

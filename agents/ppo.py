@@ -45,6 +45,7 @@ from keelrl.agents.harness.options import (
     RunOptions,
     require_non_negative,
     require_positive_counts,
+    require_positive_widths,
     run_cli,
     validate_run_options,
 )
@@ -148,6 +149,7 @@ def validate(config: PPOConfig) -> None:
     """Reject option values no run can use, with the option's command-line name."""
     validate_run_options(config, "total_timesteps")
     check_device(config.device, compile=False, cudagraphs=False)
+    require_positive_widths(config)
     require_positive_counts(config, "num_envs", "num_steps", "num_minibatches", "update_epochs")
     require_non_negative(config, "ent_coef", "vf_coef", "clip_coef")
     if config.learning_rate <= 0 or config.max_grad_norm <= 0 or config.obs_clip <= 0 or config.reward_clip <= 0:
@@ -155,6 +157,10 @@ def validate(config: PPOConfig) -> None:
     if not 0.0 < config.gamma <= 1.0 or not 0.0 <= config.gae_lambda <= 1.0:
         raise ValueError(f"--gamma must lie in (0, 1] and --gae-lambda in [0, 1], got {config.gamma} and "
                          f"{config.gae_lambda}.")
+    if config.total_timesteps < config.num_envs * config.num_steps:
+        raise ValueError(f"--total-timesteps {config.total_timesteps} is less than one rollout of "
+                         f"{config.num_envs * config.num_steps} steps (--num-envs × --num-steps): the run would end "
+                         f"before its first update; raise --total-timesteps or lower --num-steps.")
     if (config.num_envs * config.num_steps) % config.num_minibatches:
         raise ValueError(f"--num-minibatches {config.num_minibatches} does not divide a rollout of "
                          f"{config.num_envs * config.num_steps} transitions (--num-envs × --num-steps).")

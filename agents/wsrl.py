@@ -36,12 +36,19 @@ from torch import nn
 from keelrl.agents.cql import cql_networks
 from keelrl.agents.harness.checkpoints import CHECKPOINT_FILE, MODEL_FILE, SavedAgent, read_checkpoint
 from keelrl.agents.harness.loop import Run, TrainResult
-from keelrl.agents.harness.options import RunOptions, require_positive_counts, run_cli, validate_run_options
+from keelrl.agents.harness.options import (
+    RunOptions,
+    require_an_update,
+    require_positive_counts,
+    run_cli,
+    validate_run_options,
+)
 from keelrl.agents.harness.run_directory import CONFIG_FILE
 from keelrl.buffers import Batch, ReplayBuffer
 from keelrl.envs import make_vec_env, play_episodes, require_box_actions
 from keelrl.envs.video import gym_video
 from keelrl.networks import (
+    check_device,
     frozen,
     make_optimizer,
     optimizer_step,
@@ -109,9 +116,11 @@ class WSRLConfig(RunOptions):
 def validate(config: WSRLConfig) -> None:
     """Reject option values no run can use, with the option's command-line name."""
     validate_run_options(config, "total_timesteps")
+    check_device(config.device, compile=False, cudagraphs=False)
     require_positive_counts(config, "batch_size", "utd", "buffer_size", "num_critics")
     if config.warmup_steps < 0:
         raise ValueError(f"--warmup-steps must be non-negative, got {config.warmup_steps}.")
+    require_an_update(config, "warmup_steps", "batch_size")  # updates start at max(warm-up, batch)
     if config.batch_size % config.utd:
         raise ValueError(f"--batch-size {config.batch_size} must split into --utd {config.utd} equal minibatches.")
     if not 0.0 < config.gamma <= 1.0 or not 0.0 < config.tau <= 1.0:

@@ -24,7 +24,7 @@ import gymnasium as gym
 import numpy as np
 import tyro
 
-from keelrl.agents.harness.checkpoints import MODEL_FILE, read_checkpoint, restoring
+from keelrl.agents.harness.checkpoints import MODEL_FILE, one_line, read_checkpoint, restoring
 from keelrl.agents.registry import agent_class, agent_module
 from keelrl.envs.safety import reports_cost
 from keelrl.envs.streaming_wrappers import frozen_stream_env, stream_env_for
@@ -203,9 +203,9 @@ def film(agent: Any, algo: str, env_id: str, config: EvaluateConfig, model: Path
     offscreen_gl_backend()
     try:
         episode = film_episode(video_source(agent, algo, env_id, config))
-    except gym.error.DependencyNotInstalled as err:
-        raise VideoUnavailable(f"--capture-video: {env_id} cannot render here ({err}); the episodes are written "
-                               f"to {csv_file}.") from None
+    except Exception as err:  # gymnasium's DependencyNotInstalled, MuJoCo's FatalError: the many ways rendering fails
+        raise VideoUnavailable(f"--capture-video: {env_id} cannot render here ({one_line(err)}); the episodes are "
+                               f"written to {csv_file}.") from None
     video_path = model.parent / "videos" / f"evaluate_{env_id.replace('/', '_')}_seed{config.seed}.mp4"
     write_mp4(video_path, episode.frames, episode.fps)
     return video_path

@@ -84,8 +84,18 @@ def _under_precision(loss_fn: Callable, precision: str, device: str) -> Callable
 
 def check_device(device: str, compile: bool, cudagraphs: bool) -> None:
     """Refuse a device, --compile or --cudagraphs this machine cannot run, with what to do instead."""
-    if device.startswith("cuda") and not torch.cuda.is_available():
+    try:
+        where = torch.device(device)
+    except RuntimeError:
+        raise ValueError(f"--device {device!r} is not a torch device: use cpu, or cuda (cuda:N for the N-th "
+                         f"GPU).") from None
+    if where.type not in ("cpu", "cuda"):
+        raise ValueError(f"--device {device}: keelrl runs on cpu or cuda, not {where.type}.")
+    if where.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"--device {device}: torch sees no CUDA GPU on this machine; use --device cpu.")
+    if where.type == "cuda" and where.index is not None and where.index >= torch.cuda.device_count():
+        raise ValueError(f"--device {device}: this machine has {torch.cuda.device_count()} CUDA GPU(s), numbered "
+                         f"from 0.")
     if cudagraphs and not device.startswith("cuda"):
         raise ValueError("--cudagraphs captures the update in CUDA graphs, which needs --device cuda (and a GPU); "
                          "on CPU use --compile alone.")

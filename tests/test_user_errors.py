@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import tyro
 
-from keelrl.agents import iql, sac, stream_q
+from keelrl.agents import iql, ppo, sac, stream_q
 from keelrl.agents.harness.options import run_cli
 from keelrl.benchmarks.make_datasets import MakeDatasetsConfig, dataset_id, with_quick
 from keelrl.buffers.offline import MAKE_DATASETS, load_dataset
@@ -108,7 +108,8 @@ def test_filming_an_env_that_cannot_render_here_is_refused_in_one_line(stream_ru
     args = [str(stream_run), "--capture-video", "--episodes", "1", "--csv", str(tmp_path / "episodes.csv")]
     assert evaluate_main(args) == 2
     err = one_line_error(capsys)
-    assert err.startswith("error: --capture-video: CartPole-v1 cannot render here (pygame is not installed")
+    assert err.startswith("error: --capture-video: CartPole-v1 cannot render here (DependencyNotInstalled: pygame is "
+                          "not installed")
     assert (tmp_path / "episodes.csv").is_file()  # the episodes were played and kept
 
 
@@ -183,3 +184,53 @@ def test_a_missing_dataset_names_the_command_that_makes_exactly_it(identifier, t
     if config.quick:
         config = with_quick(config)  # as make_datasets' main does
     assert [dataset_id(config.env_id, kind, config.version, config.quick) for kind in config.datasets] == [identifier]
+
+
+# ---------------------------------------------------------------------------------------------------
+# training options that no run can use
+
+
+SAC_TINY = ["--env-id", "InvertedPendulum-v5", "--total-timesteps", "300", "--learning-starts", "100", "--quiet"]
+
+
+@pytest.mark.parametrize("train, config_cls, args, message", [
+    (sac.train, sac.SACConfig, ["--env-id", "InvertedPendulum-v5", "--total-timesteps", "300"],
+     "--learning-starts 5000 is not below --total-timesteps 300: the run would end before its first update"),
+    (ppo.train, ppo.PPOConfig, ["--env-id", "CartPole-v1", "--total-timesteps", "300"],
+     "--total-timesteps 300 is less than one rollout of 512 steps"),
+    (sac.train, sac.SACConfig, [*SAC_TINY, "--device", "gpu"], "--device 'gpu' is not a torch device"),
+    (sac.train, sac.SACConfig, [*SAC_TINY, "--device", "mps"], "keelrl runs on cpu or cuda, not mps"),
+    (ppo.train, ppo.PPOConfig, ["--env-id", "CartPole-v1", "--hidden-sizes", "0", "64"],
+     "--hidden-sizes needs positive widths, got 0 64"),
+    (sac.train, sac.SACConfig, [*SAC_TINY, "--num-seeds", "2", "--runs-dir", "runs/{exp}"],
+     "the one field it may hold is {seed}"),
+])
+def test_options_no_run_can_use_are_refused_in_one_line_before_any_directory(train, config_cls, args, message,
+                                                                            tmp_path, monkeypatch, capsys):
+    """Once these trained nothing without a word (learning starts after the end, a budget under one rollout) or
+    ended in a traceback (a device torch does not know, a layer of no width, a --runs-dir field other than seed)."""
+    monkeypatch.chdir(tmp_path)
+    runs_dir = [] if "--runs-dir" in args else ["--runs-dir", str(tmp_path / "runs")]
+    assert run_cli(train, config_cls, [*args, *runs_dir]) == 2
+    assert message in one_line_error(capsys)
+    assert not any(tmp_path.iterdir())
+
+
+def test_a_runs_dir_that_is_a_file_is_said_in_one_line(tmp_path, capsys):
+    (tmp_path / "runs").write_text("a file")
+    assert run_cli(sac.train, sac.SACConfig, [*SAC_TINY, "--runs-dir", str(tmp_path / "runs")]) == 2
+    assert f"--runs-dir {tmp_path / 'runs'}: cannot make a run directory there" in one_line_error(capsys)
+
+
+def test_the_evaluation_command_says_in_one_line_when_the_env_cannot_render(sac_run, tmp_path, monkeypatch, capsys):
+    """Rendering fails in many ways (MuJoCo's FatalError without a display, a missing GL library): each is one line."""
+    import keelrl.evaluate as evaluate_module
+
+    def no_display(source):
+        raise RuntimeError("gladLoadGL error\nmore lines")
+
+    monkeypatch.setattr(evaluate_module, "offscreen_gl_backend", lambda: "egl")
+    monkeypatch.setattr(evaluate_module, "film_episode", no_display)
+    assert evaluate_main([str(sac_run), "--episodes", "1", "--capture-video", "--csv", str(tmp_path / "e.csv")]) == 2
+    err = one_line_error(capsys)
+    assert "--capture-video: InvertedPendulum-v5 cannot render here (RuntimeError: gladLoadGL error)" in err

@@ -91,6 +91,23 @@ def require_non_negative(config: Any, *names: str) -> None:
             raise ValueError(f"--{name.replace('_', '-')} must be non-negative, got {getattr(config, name)}.")
 
 
+def require_positive_widths(config: Any) -> None:
+    """Refuse a hidden layer of no width (torch would fail deep inside the network's construction)."""
+    if any(width < 1 for width in config.hidden_sizes):
+        raise ValueError(f"--hidden-sizes needs positive widths, got {' '.join(map(str, config.hidden_sizes))}.")
+
+
+def require_an_update(config: Any, *firsts: str, total: str = "total_timesteps") -> None:
+    """Refuse a run whose first update would come at or after its last step (it would end untrained): each of
+    `firsts` names an option updates wait for."""
+    for first in firsts:
+        if getattr(config, first) >= getattr(config, total):
+            flag, total_flag = first.replace("_", "-"), total.replace("_", "-")
+            raise ValueError(f"--{flag} {getattr(config, first)} is not below --{total_flag} "
+                             f"{getattr(config, total)}: the run would end before its first update; lower --{flag} or "
+                             f"raise --{total_flag}.")
+
+
 def validate_run_options(config: RunOptions, total: str) -> None:
     """Reject run option values no run can use, with the option's command-line name."""
     require_positive_counts(config, "eval_episodes", "checkpoint_freq", "log_freq", "threads", total)

@@ -27,7 +27,11 @@ def new_run_dir(root: str, env_id: str, algo: str, seed: int) -> Path:
     run_dir, n = base, 1
     while run_dir.exists():
         run_dir, n = Path(f"{base}_{n}"), n + 1
-    run_dir.mkdir(parents=True)
+    try:
+        run_dir.mkdir(parents=True)
+    except OSError as err:
+        raise ValueError(f"--runs-dir {root}: cannot make a run directory there ({err.strerror}): give a directory "
+                         f"you can write to.") from None
     return run_dir
 
 

@@ -202,8 +202,17 @@ def seed_configs(config: Any) -> list[Any]:
         run_dirs = [Path(config.resume) / relative for relative in json.loads(seeds_file.read_text())["runs"]]
         return [dataclasses.replace(config, resume=str(run_dir.resolve()), quiet=config.quiet or i > 0)
                 for i, run_dir in enumerate(run_dirs)]
-    return [dataclasses.replace(config, seed=config.seed + i, runs_dir=config.runs_dir.format(seed=config.seed + i),
+    return [dataclasses.replace(config, seed=config.seed + i, runs_dir=seed_runs_dir(config.runs_dir, config.seed + i),
                                 quiet=config.quiet or i > 0) for i in range(max(config.num_seeds, 1))]
+
+
+def seed_runs_dir(runs_dir: str, seed: int) -> str:
+    """--runs-dir with {seed} filled in; any other {field} is refused in one line."""
+    try:
+        return runs_dir.format(seed=seed)
+    except (KeyError, IndexError, ValueError):
+        raise ValueError(f"--runs-dir {runs_dir}: the one field it may hold is {{seed}} (each seed's own directory); "
+                         f"write other braces as {{{{ and }}}}.") from None
 
 
 def write_seeds_files(run_dirs: list[Path]) -> None:

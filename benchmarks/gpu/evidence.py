@@ -33,7 +33,7 @@ from keelrl.benchmarks.gpu.speed import machine, tensorboard_points, write_csv
 from keelrl.buffers import normalized_score
 
 GRIDS = ("gpu-evidence-online", "gpu-evidence-offline")
-TINY_STEPS, TINY_EVAL_FREQ = 300, 100
+TINY_STEPS, TINY_EVAL_FREQ, TINY_LEARNING_STARTS = 300, 100, 100
 LEARNING_FIELDS = ("grid", "agent", "task", "seed", "step", "mean_return", "normalized_score")
 PROGRESS_FIELDS = ("grid", "agent", "task", "seed", "state", "last_step", "last_evaluation", "budget")
 LOG_NAME, MACHINE_NAME = "leaderboard.log", "machine.json"
@@ -51,7 +51,7 @@ class Args:
     """collect: minutes to wait first (less if every cell finishes)"""
     device: str = "cuda"
     tiny: bool = False
-    """300 steps per cell, evaluations every 100: to try the step here"""
+    """300 steps per cell (online: updates from step 100), evaluations every 100: to try the step here"""
     datasets: Path = Path(".gpu/minari")
     """MINARI_DATASETS_PATH of the offline cells"""
     agents: tuple[str, ...] = ()
@@ -64,19 +64,19 @@ class Args:
 
 
 def grids(args: Args) -> list[leaderboard.Grid]:
-    """Both grids (their --agents entries) on `--device`; with --tiny, every budget TINY_STEPS and evaluations
-    every TINY_EVAL_FREQ."""
-    options = {"device": args.device}
+    """Both grids (their --agents entries) on `--device`; with --tiny, every budget TINY_STEPS, evaluations every
+    TINY_EVAL_FREQ and the online cells' updates from TINY_LEARNING_STARTS."""
+    options, online = {"device": args.device}, {"cudagraphs": True} if args.cudagraphs else {}
     if args.tiny:
         options |= {"eval-freq": TINY_EVAL_FREQ, "checkpoint-freq": TINY_STEPS, "eval-episodes": 2}
+        online |= {"learning-starts": TINY_LEARNING_STARTS}  # updates begin within the tiny budget
     chosen = []
     for grid in map(leaderboard.load_grid, GRIDS):
         agents = tuple(agent for agent in grid.agents if not args.agents or agent.name in args.agents)
         tasks = tuple(dataclasses.replace(task, steps=TINY_STEPS) if args.tiny else task for task in grid.tasks)
-        graphed = {"cudagraphs": True} if args.cudagraphs and grid.family == "online" else {}
+        grid_options = grid.options | options | (online if grid.family == "online" else {})
         if agents:
-            chosen.append(dataclasses.replace(grid, agents=agents, tasks=tasks,
-                                              options=grid.options | options | graphed))
+            chosen.append(dataclasses.replace(grid, agents=agents, tasks=tasks, options=grid_options))
     return chosen
 
 
