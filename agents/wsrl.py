@@ -38,7 +38,6 @@ from keelrl.agents.harness.checkpoints import CHECKPOINT_FILE, MODEL_FILE, Saved
 from keelrl.agents.harness.loop import Run, TrainResult
 from keelrl.agents.harness.options import (
     RunOptions,
-    require_an_update,
     require_positive_counts,
     run_cli,
     validate_run_options,
@@ -120,7 +119,6 @@ def validate(config: WSRLConfig) -> None:
     require_positive_counts(config, "batch_size", "utd", "buffer_size", "num_critics")
     if config.warmup_steps < 0:
         raise ValueError(f"--warmup-steps must be non-negative, got {config.warmup_steps}.")
-    require_an_update(config, "warmup_steps", "batch_size")  # updates start at max(warm-up, batch)
     if config.batch_size % config.utd:
         raise ValueError(f"--batch-size {config.batch_size} must split into --utd {config.utd} equal minibatches.")
     if not 0.0 < config.gamma <= 1.0 or not 0.0 < config.tau <= 1.0:

@@ -234,3 +234,13 @@ def test_the_evaluation_command_says_in_one_line_when_the_env_cannot_render(sac_
     assert evaluate_main([str(sac_run), "--episodes", "1", "--capture-video", "--csv", str(tmp_path / "e.csv")]) == 2
     err = one_line_error(capsys)
     assert "--capture-video: InvertedPendulum-v5 cannot render here (RuntimeError: gladLoadGL error)" in err
+
+
+def test_options_given_beside_resume_that_would_change_the_run_are_refused(sac_run, capsys):
+    """A run resumes with its own options: --total-timesteps or --batch-size beside --resume were dropped without a
+    word; the watch options (--quiet here) and --extend-to are this command line's to set."""
+    args = ["--resume", str(sac_run), "--total-timesteps", "600", "--batch-size", "64", "--quiet"]
+    assert run_cli(sac.train, sac.SACConfig, args) == 2
+    err = one_line_error(capsys)
+    assert "--total-timesteps 600 (the run's: 300), --batch-size 64 (the run's: 32)" in err
+    assert "--extend-to N trains a run further" in err

@@ -109,7 +109,8 @@ def test_track_writes_an_offline_wandb_run_with_the_config_and_the_scalars(tmp_p
 
 def test_track_without_wandb_installed_is_one_line_before_any_run_directory(tmp_path, monkeypatch, capsys):
     monkeypatch.setitem(sys.modules, "wandb", None)  # as if keelrl[wandb] were not installed
-    args = ["--env-id", "InvertedPendulum-v5", "--total-timesteps", "300", "--track", "--runs-dir", str(tmp_path)]
+    args = ["--env-id", "InvertedPendulum-v5", "--total-timesteps", "300", "--learning-starts", "100", "--track",
+            "--runs-dir", str(tmp_path)]
     assert run_cli(sac.train, sac.SACConfig, args=args) == 2
     assert capsys.readouterr().err.strip() == ("error: --track logs to Weights & Biases, which is not installed: "
                                                "pip install 'keelrl[wandb]'.")

@@ -97,15 +97,13 @@ def require_positive_widths(config: Any) -> None:
         raise ValueError(f"--hidden-sizes needs positive widths, got {' '.join(map(str, config.hidden_sizes))}.")
 
 
-def require_an_update(config: Any, *firsts: str, total: str = "total_timesteps") -> None:
-    """Refuse a run whose first update would come at or after its last step (it would end untrained): each of
-    `firsts` names an option updates wait for."""
-    for first in firsts:
-        if getattr(config, first) >= getattr(config, total):
-            flag, total_flag = first.replace("_", "-"), total.replace("_", "-")
-            raise ValueError(f"--{flag} {getattr(config, first)} is not below --{total_flag} "
-                             f"{getattr(config, total)}: the run would end before its first update; lower --{flag} or "
-                             f"raise --{total_flag}.")
+def require_an_update(config: Any, first: str, total: str = "total_timesteps") -> None:
+    """Refuse a run whose first update would come at or after its last step (it would end untrained): `first`
+    names the option updates wait for."""
+    if getattr(config, first) >= getattr(config, total):
+        flag, total_flag = first.replace("_", "-"), total.replace("_", "-")
+        raise ValueError(f"--{flag} {getattr(config, first)} is not below --{total_flag} {getattr(config, total)}: "
+                         f"the run would end before its first update; lower --{flag} or raise --{total_flag}.")
 
 
 def validate_run_options(config: RunOptions, total: str) -> None:

@@ -90,6 +90,20 @@ def _wrongly_typed_fields(config_cls: type, values: dict[str, Any]) -> list[str]
     return wrong
 
 
+def refuse_other_options(config: Any, saved: Any, run_dir: Path, taken: tuple[str, ...]) -> None:
+    """Refuse options given beside --resume that would change the saved run (any but `taken`, which the new
+    command line sets): the run continues with its own, and silently dropping them would mislead."""
+    given = [field.name for field in dataclasses.fields(config) if field.name not in taken
+             and field.default is not dataclasses.MISSING and getattr(config, field.name) != field.default
+             and getattr(config, field.name) != getattr(saved, field.name)]
+    if given:
+        options = ", ".join(f"--{name.replace('_', '-')} {getattr(config, name)} (the run's: {getattr(saved, name)})"
+                            for name in given)
+        raise ValueError(f"--resume {run_dir} continues the run with the options it was started with, and this "
+                         f"command line gives others: {options}. Drop them (--extend-to N trains a run further; a "
+                         f"new run takes new options).")
+
+
 def start_or_resume(config: Any, algo: str, validate: Callable[[Any], None], total: str,
                     keep_from_command_line: tuple[str, ...], checkpoint_keys: tuple[str, ...],
                     ) -> tuple[Any, Path | None, dict[str, Any] | None]:
@@ -106,6 +120,7 @@ def start_or_resume(config: Any, algo: str, validate: Callable[[Any], None], tot
         settle_checkpoints([run_dir])  # the checkpoint a kill kept from being put in place
     saved = load_run_config(run_dir, algo, type(config))
     names = (*WATCH_OPTIONS, *RUNTIME_OPTIONS, "extend_to", *keep_from_command_line)
+    refuse_other_options(config, saved, run_dir, (*names, "resume"))
     overrides = {name: getattr(config, name) for name in names if hasattr(config, name)}
     saved = dataclasses.replace(saved, resume=str(run_dir), **overrides)
     validate(saved)
