@@ -7,6 +7,7 @@ import dataclasses
 import json
 import subprocess
 import sys
+import time
 import types
 from pathlib import Path
 
@@ -80,6 +81,18 @@ def wandb_records(path: Path):
             chunks = []
 
 
+def whole_wandb_run(path: Path, seconds: float = 30.0) -> list:
+    """The run file's records once W&B's service has written its exit record, waiting at most `seconds` (on a loaded
+    machine this test has found the run's last records missing; whether the file was read before they were in is
+    not known)."""
+    deadline = time.monotonic() + seconds
+    while True:
+        records = list(wandb_records(path))
+        if any(record.WhichOneof("record_type") == "exit" for record in records) or time.monotonic() > deadline:
+            return records
+        time.sleep(0.5)
+
+
 def test_track_writes_an_offline_wandb_run_with_the_config_and_the_scalars(tmp_path, monkeypatch):
     pytest.importorskip("wandb", reason="W&B tracking needs keelrl[wandb]: pip install 'keelrl[wandb]'")
     monkeypatch.setenv("WANDB_MODE", "offline")
@@ -87,7 +100,7 @@ def test_track_writes_an_offline_wandb_run_with_the_config_and_the_scalars(tmp_p
     result = sac.train(sac.SACConfig(**TINY_SAC, track=True, wandb_group="tests", runs_dir=str(tmp_path)))
     (run_file,) = result.run_dir.glob("wandb/offline-run-*/run-*.wandb")
     config, keys, returns = {}, set(), []
-    for record in wandb_records(run_file):
+    for record in whole_wandb_run(run_file):
         kind = record.WhichOneof("record_type")
         if kind == "run":
             config.update({item.key: json.loads(item.value_json) for item in record.run.config.update})
