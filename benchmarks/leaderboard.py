@@ -20,8 +20,10 @@ at hand (another machine, an earlier session), `--from-committed` takes the cell
 committed tables (<out-dir>/<name>_runs.csv and _curves.csv) hold as finished from those tables, and
 runs only the rest.
 
-Agents are found by module name: a grid may name any module of keelrl.agents that follows the agent
-conventions; an agent that cannot be imported is reported as unavailable and its cells are skipped.
+Agents are found by module name: a grid may name any agent of keelrl.agents.registry, and a name it does not
+hold is refused; an agent whose optional dependency is not installed here is reported as unavailable and its cells
+are skipped. Before any cell directory is made, the gymnasium environment ids (--env-id) and the offline datasets
+(--dataset, looked up as the offline agents look them up) of the cells to run are checked.
 With Ray on several machines, RUNS_DIR must be a directory every node sees (a shared filesystem).
 
 Grid files (TOML) — see benchmarks/grids/online-small.toml:
@@ -56,6 +58,7 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import dataclasses
+import difflib
 import json
 import os
 import re
@@ -69,12 +72,14 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Annotated, Any
 
+import gymnasium as gym
 import tyro
 
+import keelrl.envs  # noqa: F401  (registers keelrl's safety tasks, so their ids are found)
 from keelrl.agents.harness.options import RunOptions
 from keelrl.agents.harness.seeds import SEEDS_FILE
 from keelrl.agents.harness.stopping import STOPPED_CODES, signal_name
-from keelrl.agents.registry import agent_module
+from keelrl.agents.registry import ALGORITHMS, agent_module
 from keelrl.benchmarks.aggregate import (
     CONFIG_FILE,
     DatasetReferences,
@@ -82,6 +87,7 @@ from keelrl.benchmarks.aggregate import (
     dataset_references,
     read_run_figures,
 )
+from keelrl.buffers.offline import default_data_path, minari_data_dir
 
 try:
     import tomllib
@@ -139,6 +145,27 @@ def _flag(name: str) -> str:
     return name.replace("_", "-")
 
 
+def _did_you_mean(name: str, known: Sequence[str], cutoff: float = 0.6) -> str:
+    """' Did you mean 'sac'?' for the names of `known` close to `name` (difflib's ratio at least `cutoff`), else ''."""
+    close = difflib.get_close_matches(name, known, n=3, cutoff=cutoff)
+    return f" Did you mean {', '.join(map(repr, close))}?" if close else ""
+
+
+def check_agent_module(where: str, module: str) -> None:
+    """Refuse a module that names no agent of keelrl.agents.registry, with the close names and every known one."""
+    if module not in ALGORITHMS:
+        raise ValueError(f"{where}: keelrl has no agent module {module!r}.{_did_you_mean(module, list(ALGORITHMS))} "
+                         f"Its agents: {', '.join(ALGORITHMS)}.")
+
+
+def _entry(where: str, entry: Any, key: str) -> dict[str, Any]:
+    """A [[tasks]] or [[agents]] entry as a table: a string is its `key`; a table must give `key` as a string."""
+    table = {key: entry} if isinstance(entry, str) else entry
+    if not isinstance(table, dict) or not isinstance(table.get(key), str):
+        raise ValueError(f"{where} has no {key}: write it as a table with {key} = \"...\", or as a string.")
+    return table
+
+
 def _check_keys(where: str, table: dict[str, Any], allowed: set[str]) -> None:
     unknown = set(table) - allowed
     if unknown:
@@ -166,9 +193,11 @@ def grid_from_dict(spec: dict[str, Any], default_name: str) -> Grid:
     seeds = tuple(spec.get("seeds", (1, 2, 3)))
     if not seeds or not all(isinstance(seed, int) for seed in seeds):
         raise ValueError(f"grid {name}: seeds must be a non-empty list of integers, got {seeds!r}.")
-    tasks = tuple(_task(name, task, spec.get("steps")) for task in spec.get("tasks", ()))
+    tasks = tuple(_task(name, number, task, spec.get("steps"))
+                  for number, task in enumerate(spec.get("tasks", ()), start=1))
     task_flag, steps_flag = spec.get("task_flag", "env-id"), spec.get("steps_flag", "total-timesteps")
-    agents = tuple(_agent(name, agent, task_flag, steps_flag) for agent in spec.get("agents", ()))
+    agents = tuple(_agent(name, number, agent, task_flag, steps_flag)
+                   for number, agent in enumerate(spec.get("agents", ()), start=1))
     if not tasks or not agents:
         raise ValueError(f"grid {name}: give at least one task and one agent.")
     task_ids = {task.id for task in tasks}
@@ -201,8 +230,8 @@ def _check_pretrained(grid: str, agent: AgentEntry, entries: dict[str, AgentEntr
         raise ValueError(f"{where} does not run the tasks {sorted(missing)}.")
 
 
-def _task(grid: str, task: Any, default_steps: int | None) -> TaskEntry:
-    task = {"id": task} if isinstance(task, str) else task
+def _task(grid: str, number: int, task: Any, default_steps: int | None) -> TaskEntry:
+    task = _entry(f"grid {grid}: task {number} of [[tasks]]", task, "id")
     _check_keys(f"grid {grid}, task", task, {"id", "steps", "options"})
     steps = task.get("steps", default_steps)
     if not isinstance(steps, int) or steps < 1:
@@ -211,11 +240,12 @@ def _task(grid: str, task: Any, default_steps: int | None) -> TaskEntry:
     return TaskEntry(task["id"], steps, _options(f"grid {grid}, task {task['id']}", task.get("options", {})))
 
 
-def _agent(grid: str, agent: Any, task_flag: str, steps_flag: str) -> AgentEntry:
-    agent = {"name": agent} if isinstance(agent, str) else agent
+def _agent(grid: str, number: int, agent: Any, task_flag: str, steps_flag: str) -> AgentEntry:
+    agent = _entry(f"grid {grid}: agent {number} of [[agents]]", agent, "name")
     _check_keys(f"grid {grid}, agent", agent, {"name", "module", "options", "task_flag", "steps_flag", "tasks",
                                                "steps", "pretrained"})
     where = f"grid {grid}, agent {agent['name']}"
+    check_agent_module(where, agent.get("module", agent["name"]))
     tasks = tuple(agent["tasks"]) if "tasks" in agent else None
     steps = agent.get("steps")
     if steps is not None and (not isinstance(steps, int) or steps < 1):
@@ -240,7 +270,10 @@ def load_grid(name_or_path: str) -> Grid:
         spec = tomllib.loads(path.read_text())
     except tomllib.TOMLDecodeError as err:
         raise ValueError(f"{path} is not valid TOML: {err}") from None
-    return grid_from_dict(spec, path.stem)
+    try:
+        return grid_from_dict(spec, path.stem)
+    except ValueError as err:
+        raise ValueError(f"{path}: {err}") from None
 
 
 def to_flags(options: dict[str, Any]) -> list[str]:
@@ -273,13 +306,18 @@ class Cell:
         return self.agent.steps or self.task.steps
 
     @property
+    def options(self) -> dict[str, Any]:
+        """The agent's options for a new run (flag name -> value), but --seed, --runs-dir and --pretrained: the
+        grid's, the task's and the entry's, then the task and the budget."""
+        task = {self.agent.task_flag: self.task.id} if self.agent.task_flag else {}
+        return {**self.grid.options, **self.task.options, **self.agent.options, **task,
+                self.agent.steps_flag: self.steps}
+
+    @property
     def args(self) -> list[str]:
         """The agent's flags for a new run, but --runs-dir and --pretrained (also what cell.json records to spot a
         changed grid)."""
-        task = {self.agent.task_flag: self.task.id} if self.agent.task_flag else {}
-        options = {**self.grid.options, **self.task.options, **self.agent.options, **task,
-                   self.agent.steps_flag: self.steps}
-        return ["--seed", str(self.seed), *to_flags(options)]
+        return ["--seed", str(self.seed), *to_flags(self.options)]
 
     def waiting(self) -> bool:
         """Whether this cell must wait for the run it fine-tunes (not finished yet)."""
@@ -440,8 +478,6 @@ def agent_fields(module_name: str) -> tuple[set[str] | None, str]:
     """(the option names of an agent's config, '') or (None, why the agent cannot run here)."""
     try:
         module = agent_module(module_name)
-    except ValueError:
-        return None, f"keelrl.agents.{module_name} does not exist in this keelrl version"
     except ModuleNotFoundError as err:
         return None, f"keelrl.agents.{module_name} needs {err.name!r}, which is not installed ({err})"
     except ImportError as err:
@@ -472,6 +508,44 @@ def check_agents(cells: list[Cell]) -> dict[str, str]:
                                  f"option(s) {['--' + u for u in unknown]} "
                                  f"(see python -m keelrl.agents.{module} --help).")
     return unavailable
+
+
+def check_tasks(cells: list[Cell], datasets: bool) -> None:
+    """Refuse a cell whose --env-id names no gymnasium environment (of the gymnasium backend) or, with `datasets`,
+    whose --dataset the offline agents would not find; nothing is made or downloaded."""
+    for cell in cells:
+        where = f"grid {cell.grid.name}, agent {cell.agent.name}, task {cell.task.id}"
+        options = cell.options
+        if "env-id" in options and options.get("env-backend", "gymnasium") == "gymnasium":
+            check_env_id(where, str(options["env-id"]))
+        if "dataset" in options and datasets:
+            check_dataset(where, str(options["dataset"]), options.get("data-path"))
+
+
+def check_env_id(where: str, env_id: str) -> None:
+    """Refuse an id gymnasium's registry does not hold (the env is not made), suggesting close ids."""
+    try:
+        gym.spec(env_id)
+    except gym.error.Error:
+        raise ValueError(f"{where}: unknown gymnasium environment id {env_id!r}."
+                         f"{_did_you_mean(env_id, list(gym.registry))}") from None
+
+
+def check_dataset(where: str, dataset: str, data_path: str | None) -> None:
+    """Refuse a dataset the offline agents would not find: a D4RL-layout file that is not there, or a Minari id or
+    directory that is not a dataset (as `load_dataset` looks it up), suggesting close ids of the datasets there."""
+    path = Path(dataset)
+    if path.suffix in (".hdf5", ".h5", ".npz"):
+        if not path.is_file():
+            raise FileNotFoundError(f"{where}: no dataset file at {path}.")
+        return
+    try:
+        minari_data_dir(dataset, data_path)
+    except FileNotFoundError as err:  # it says how to make the dataset; a typo's close id comes first
+        root = Path(data_path) if data_path is not None else default_data_path()
+        known = [str(found.parent.parent.relative_to(root)) for found in root.glob("**/data/metadata.json")]
+        # ids share their namespace, kind and version: only a near-identical one is a likely typo
+        raise FileNotFoundError(f"{where}:{_did_you_mean(dataset, known, cutoff=0.85)} {err}") from None
 
 
 def run_agent_process(command: list[str], log_path: str, mode: str) -> dict[str, Any]:
@@ -601,6 +675,7 @@ def run_grids(
         cell.check_unchanged()
     taken = {cell.cell_dir: row for cell in runnable if (row := cell.committed_result(committed))}
     pending = [cell for cell in runnable if cell.state()[0] != "done" and cell.cell_dir not in taken]
+    check_tasks(pending, datasets=not dry_run)  # a report may be written where the datasets are not
     done = len(runnable) - len(pending) - len(taken)
     resumes = sum(cell.state()[0] == "resume" for cell in pending)
     waiting = sum(cell.waiting() for cell in pending)
@@ -825,6 +900,8 @@ def grids_from_args(args: Args) -> list[Grid]:
         return [load_grid(name) for name in args.grid]
     if not args.agents or not args.tasks:
         raise ValueError("Give a grid: --grid NAME_OR_FILE, or --agents and --tasks (with --seeds, --steps).")
+    for module in args.agents:
+        check_agent_module(f"--agents {module}", module)
     options = {}
     for option in args.option:
         name, sep, value = option.partition("=")

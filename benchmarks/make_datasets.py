@@ -24,6 +24,10 @@ checkpoint after each, finished policies are kept (medium.pt, medium_buffer.pt, 
 Minari dataset that exists is not rewritten, so rerunning the same command continues where it stopped.
 Instead of training, `--medium-model`, `--medium-buffer` and `--expert-model` take existing keelrl
 SAC files (a run's model.pt and buffer.pt).
+
+Before anything is made (the work directory included), the options are checked: the environment must exist and
+have continuous (Box) actions, and the given files must be readable keelrl SAC files that fit its observations
+and actions.
 """
 
 from __future__ import annotations
@@ -38,10 +42,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Literal
 
+import gymnasium as gym
 import numpy as np
 import torch
 
-from keelrl.agents.harness.checkpoints import CHECKPOINT_FILE
+from keelrl.agents.harness.checkpoints import CHECKPOINT_FILE, one_line, read_checkpoint
 from keelrl.agents.harness.logs import progress_bar
 from keelrl.agents.sac import SAC, SACConfig
 from keelrl.agents.sac import train as train_sac
@@ -59,6 +64,8 @@ from keelrl.envs import make_vec_env, play_episodes
 
 DatasetKind = Literal["random", "medium", "medium-replay", "expert", "medium-expert"]
 ALL_KINDS: tuple[DatasetKind, ...] = ("random", "medium", "medium-replay", "expert", "medium-expert")
+BUFFER_KEYS = ("obs", "next_obs", "actions", "rewards", "terminated", "truncated", "pos", "capacity", "num_envs")
+"""what a keelrl replay buffer's buffer.pt holds that medium-replay reads"""
 COLLECTION_SEED = {"random": 5000, "medium": 6000, "expert": 7000}
 """added to --seed for each collected dataset's envs: apart, so that medium-expert's halves start from different
 initial states (medium's is the seed its datasets have always had)"""
@@ -169,11 +176,9 @@ def uniform_policy(env_id: str, seed: int) -> Callable[[np.ndarray], np.ndarray]
 
 
 def replay_buffer_dataset(buffer_path: str | Path) -> dict[str, np.ndarray]:
-    """The transitions of a single-env keelrl SAC run's buffer.pt, oldest first, in the D4RL layout."""
+    """The transitions of a single-env keelrl SAC run's buffer.pt (see `check_medium_buffer`), oldest first, in the
+    D4RL layout."""
     state = torch.load(buffer_path, map_location="cpu", weights_only=True)
-    if int(state["num_envs"]) != 1:
-        raise ValueError(f"{buffer_path} comes from a run with {int(state['num_envs'])} envs; medium-replay needs "
-                         f"one env, whose transitions follow each other.")
     size, pos = len(state["rewards"]), int(state["pos"])
     order = np.roll(np.arange(size), -pos) if size == int(state["capacity"]) else np.arange(size)
 
@@ -194,16 +199,21 @@ class DatasetMaker:
     """The phases of the recipe, each skipped when its output already exists."""
 
     def __init__(self, config: MakeDatasetsConfig):
+        """Settle the medium return and the expert reference, refusing an env D4RL has no reference for where
+        neither is given, before the work directory is made."""
         self.config = config
         self.data_path = Path(config.data_path) if config.data_path else default_data_path()
         self.work = Path(config.work_dir or Path("runs") / "make_datasets" / (config.env_id + "-quick" * config.quick))
-        self.work.mkdir(parents=True, exist_ok=True)
         family = env_family(config.env_id)
         self.medium_return = float("inf") if config.quick else config.medium_return  # quick: SAC at sac_steps
         if self.medium_return is None:
             if family not in D4RL_REF_SCORES:
                 raise ValueError(f"No D4RL expert return is known for {config.env_id}: give --medium-return.")
             self.medium_return = D4RL_REF_SCORES[family][1] / 3
+        if not (self.has_expert() or family in D4RL_REF_SCORES or (self.work / "ref_scores.json").is_file()):
+            raise ValueError(f"No expert is made here and D4RL has no reference for {config.env_id}: add expert "
+                             f"to --datasets or give --expert-model.")
+        self.work.mkdir(parents=True, exist_ok=True)
 
     def log(self, message: str) -> None:
         print(message, file=sys.stderr, flush=True)
@@ -306,12 +316,9 @@ class DatasetMaker:
             expert_returns, _ = play_episodes(lambda obs: expert.act(obs, deterministic=True), config.env_id,
                                                 config.ref_episodes, config.seed + 30_000)
             ref_max, source = float(expert_returns.mean()), "expert"
-        else:
-            family = env_family(config.env_id)
-            if family not in D4RL_REF_SCORES:
-                raise ValueError(f"No expert is made here and D4RL has no reference for {config.env_id}: add expert "
-                                 f"to --datasets or give --expert-model.")
-            ref_max, source = D4RL_REF_SCORES[family][1], "D4RL expert reference (no expert made here)"
+        else:  # a D4RL environment (__init__ refused others)
+            ref_max = D4RL_REF_SCORES[env_family(config.env_id)][1]
+            source = "D4RL expert reference (no expert made here)"
         path.write_text(json.dumps({"ref_min_score": ref_min, "ref_max_score": ref_max, "ref_max_source": source}))
         self.log(f"reference returns: random {ref_min:.1f}, {source} {ref_max:.1f}")
         return ref_min, ref_max
@@ -326,12 +333,8 @@ class DatasetMaker:
                        config.quiet, desc=kind)
 
     def data_for(self, kind: str) -> dict[str, np.ndarray]:
-        if kind == "medium-replay":
-            buffer = self.medium_files()[1]
-            if buffer is None:
-                raise ValueError("medium-replay needs the medium run's replay buffer: give --medium-buffer with "
-                                 "--medium-model.")
-            return replay_buffer_dataset(buffer)
+        if kind == "medium-replay":  # validate refused --medium-model without --medium-buffer
+            return replay_buffer_dataset(self.medium_files()[1])
         if kind == "medium-expert":
             parts = [load_dataset(self.make(part), self.data_path) for part in ("medium", "expert")]
             return {key: np.concatenate([part[key] for part in parts]) for key in parts[0]}
@@ -357,6 +360,8 @@ class DatasetMaker:
 
 
 def validate(config: MakeDatasetsConfig) -> None:
+    """Refuse option values no run can use, an env without continuous actions, and given files that are not keelrl
+    SAC files for it, before anything is made."""
     for name in ("steps", "sac_steps", "eval_every", "ref_episodes", "num_envs"):
         if getattr(config, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be positive, got {getattr(config, name)}.")
@@ -365,6 +370,74 @@ def validate(config: MakeDatasetsConfig) -> None:
         raise ValueError(f"Unknown dataset kind(s) {sorted(unknown)}: choose from {', '.join(ALL_KINDS)}.")
     if config.medium_buffer and not config.medium_model:
         raise ValueError("--medium-buffer belongs to --medium-model: give both.")
+    if config.medium_model and not config.medium_buffer and "medium-replay" in config.datasets:
+        raise ValueError("medium-replay needs the medium run's replay buffer: give --medium-buffer with "
+                         "--medium-model.")
+    obs_dim, action_shape = continuous_env(config.env_id)
+    for option, path in (("--medium-model", config.medium_model), ("--expert-model", config.expert_model)):
+        if path:
+            check_sac_model(option, Path(path), config.env_id, obs_dim, action_shape)
+    if config.medium_buffer:
+        check_medium_buffer(Path(config.medium_buffer), config.env_id, obs_dim, action_shape)
+
+
+def continuous_env(env_id: str) -> tuple[int, tuple[int, ...]]:
+    """The observation size and action shape of `env_id`; an unknown id, or actions that are not a Box, is refused."""
+    env = make_vec_env(env_id, num_envs=1, seed=0)  # an unknown id raises one ValueError suggesting close ids
+    observations, actions = env.single_observation_space, env.single_action_space
+    env.close()
+    if not isinstance(actions, gym.spaces.Box):
+        raise ValueError(f"--env-id {env_id} has {actions} actions: make_datasets collects with SAC and uniform random "
+                         f"actions, which need continuous (Box) actions; give an environment with Box actions, e.g. "
+                         f"Hopper-v5.")
+    return int(np.prod(observations.shape)), actions.shape
+
+
+def check_sac_model(option: str, path: Path, env_id: str, obs_dim: int, action_shape: tuple[int, ...]) -> None:
+    """Refuse a policy file (--medium-model, --expert-model) that is not a keelrl SAC model.pt taking `env_id`'s
+    observations and actions."""
+    expected = f"give the model.pt of a keelrl SAC run on {env_id}"
+    if not path.is_file():
+        raise FileNotFoundError(f"{option} {path}: no such file; {expected}.")
+    try:
+        state = read_checkpoint(path, algo=None)
+    except ValueError as err:  # damaged, or not written by keelrl
+        raise ValueError(f"{option} {err} Instead, {expected}.") from None
+    if state["algo"] != "sac":
+        raise ValueError(f"{option} {path} is a saved {state['algo']!r} agent, not SAC: {expected}.")
+    if "networks" not in state:
+        raise ValueError(f"{option} {path} is a training checkpoint (what --resume continues from), not a saved "
+                         f"agent: {expected}.")
+    saved_shape = tuple(state["networks"]["action_low"].shape)
+    if (state["obs_dim"], saved_shape) != (obs_dim, action_shape):
+        raise ValueError(f"{option} {path} takes {state['obs_dim']}-dimensional observations and actions of shape "
+                         f"{saved_shape}, but {env_id} has {obs_dim}-dimensional observations and actions of shape "
+                         f"{action_shape}: {expected}.")
+
+
+def check_medium_buffer(path: Path, env_id: str, obs_dim: int, action_shape: tuple[int, ...]) -> None:
+    """Refuse a --medium-buffer that is not the buffer.pt of a single-env keelrl SAC run on `env_id` (read lazily:
+    its transitions are not loaded)."""
+    expected = f"give the buffer.pt of the one-env keelrl SAC run on {env_id} that --medium-model comes from"
+    if not path.is_file():
+        raise FileNotFoundError(f"--medium-buffer {path}: no such file; {expected}.")
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except Exception as err:  # torch raises several types for a damaged or foreign file
+        raise ValueError(f"--medium-buffer {path} is not a readable keelrl replay buffer: it is damaged, truncated or "
+                         f"not written by keelrl ({one_line(err)}); {expected}.") from None
+    missing = [key for key in BUFFER_KEYS if not isinstance(state, dict) or key not in state]
+    if missing:
+        raise ValueError(f"--medium-buffer {path} is not a keelrl replay buffer (it has no {', '.join(missing)}): "
+                         f"{expected}.")
+    if int(state["num_envs"]) != 1:
+        raise ValueError(f"--medium-buffer {path} comes from a run with {int(state['num_envs'])} envs; medium-replay "
+                         f"needs one env, whose transitions follow each other: {expected}.")
+    saved_obs, saved_shape = int(np.prod(state["obs"].shape[1:])), tuple(state["actions"].shape[1:])
+    if (saved_obs, saved_shape) != (obs_dim, action_shape):
+        raise ValueError(f"--medium-buffer {path} holds {saved_obs}-dimensional observations and actions of shape "
+                         f"{saved_shape}, but {env_id} has {obs_dim}-dimensional observations and actions of shape "
+                         f"{action_shape}: {expected}.")
 
 
 def make_datasets(config: MakeDatasetsConfig) -> list[str]:

@@ -110,7 +110,7 @@ def load_dataset_with_info(
     if path.suffix in (".hdf5", ".h5", ".npz"):
         data, info = _read_d4rl_file(path), DatasetInfo(str(path), None, None, None)
     else:
-        data, info = _read_minari(_minari_data_dir(str(source), data_path), str(source))
+        data, info = _read_minari(minari_data_dir(str(source), data_path), str(source))
     data = validate_d4rl(data, str(source))
     if drop_timeout_transitions:
         keep = data["timeouts"] == 0
@@ -118,7 +118,7 @@ def load_dataset_with_info(
     return data, info
 
 
-def _minari_data_dir(source: str, data_path: str | os.PathLike | None) -> Path:
+def minari_data_dir(source: str, data_path: str | os.PathLike | None) -> Path:
     """The `data` directory of a Minari dataset given by id or by directory."""
     path = Path(source)
     for candidate in (path / "data", path):
