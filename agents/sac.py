@@ -32,12 +32,12 @@ from keelrl.agents.harness.loop import TrainResult
 from keelrl.agents.harness.options import (
     RunOptions,
     apply_preset,
-    require_an_update,
     require_non_negative,
     require_positive_counts,
     require_positive_widths,
     run_cli,
     validate_run_options,
+    warn_without_updates,
 )
 from keelrl.buffers import Batch, ReplayBuffer
 from keelrl.envs import make_vec_env, play_episodes, require_box_actions
@@ -180,7 +180,7 @@ def validate(config: SACConfig) -> None:
     require_positive_counts(config, "num_envs", "buffer_size", "batch_size", "policy_frequency",
                             "target_network_frequency", "n_step", "utd")
     require_non_negative(config, "learning_starts")
-    require_an_update(config, "learning_starts")
+    warn_without_updates(config, "learning_starts")
     if not 0.0 < config.gamma <= 1.0 or not 0.0 < config.tau <= 1.0:
         raise ValueError(f"--gamma and --tau must lie in (0, 1], got {config.gamma} and {config.tau}.")
     if config.batch_size > config.buffer_size:

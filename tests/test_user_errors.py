@@ -194,8 +194,6 @@ SAC_TINY = ["--env-id", "InvertedPendulum-v5", "--total-timesteps", "300", "--le
 
 
 @pytest.mark.parametrize("train, config_cls, args, message", [
-    (sac.train, sac.SACConfig, ["--env-id", "InvertedPendulum-v5", "--total-timesteps", "300"],
-     "--learning-starts 5000 is not below --total-timesteps 300: the run would end before its first update"),
     (ppo.train, ppo.PPOConfig, ["--env-id", "CartPole-v1", "--total-timesteps", "300"],
      "--total-timesteps 300 is less than one rollout of 512 steps"),
     (sac.train, sac.SACConfig, [*SAC_TINY, "--device", "gpu"], "--device 'gpu' is not a torch device"),
@@ -207,8 +205,8 @@ SAC_TINY = ["--env-id", "InvertedPendulum-v5", "--total-timesteps", "300", "--le
 ])
 def test_options_no_run_can_use_are_refused_in_one_line_before_any_directory(train, config_cls, args, message,
                                                                             tmp_path, monkeypatch, capsys):
-    """Once these trained nothing without a word (learning starts after the end, a budget under one rollout) or
-    ended in a traceback (a device torch does not know, a layer of no width, a --runs-dir field other than seed)."""
+    """Once these trained nothing without a word (a budget under one rollout) or ended in a traceback (a device
+    torch does not know, a layer of no width, a --runs-dir field other than seed)."""
     monkeypatch.chdir(tmp_path)
     runs_dir = [] if "--runs-dir" in args else ["--runs-dir", str(tmp_path / "runs")]
     assert run_cli(train, config_cls, [*args, *runs_dir]) == 2
@@ -244,3 +242,13 @@ def test_options_given_beside_resume_that_would_change_the_run_are_refused(sac_r
     err = one_line_error(capsys)
     assert "--total-timesteps 600 (the run's: 300), --batch-size 64 (the run's: 32)" in err
     assert "--extend-to N trains a run further" in err
+
+
+def test_learning_that_starts_after_the_last_step_is_said(tmp_path):
+    """SAC with its default 5,000 random steps and a budget of 300 ends untrained: it runs (a smoke run may want
+    just that) and says so."""
+    with pytest.warns(UserWarning, match="--learning-starts 5000 is not below --total-timesteps 300: the run will end "
+                                         "before its first update, untrained"):
+        result = sac.train(sac.SACConfig(env_id="InvertedPendulum-v5", total_timesteps=300, eval_episodes=1,
+                                         quiet=True, runs_dir=str(tmp_path)))
+    assert result.global_step == 300

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import random
 import sys
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -97,13 +98,14 @@ def require_positive_widths(config: Any) -> None:
         raise ValueError(f"--hidden-sizes needs positive widths, got {' '.join(map(str, config.hidden_sizes))}.")
 
 
-def require_an_update(config: Any, first: str, total: str = "total_timesteps") -> None:
-    """Refuse a run whose first update would come at or after its last step (it would end untrained): `first`
-    names the option updates wait for."""
+def warn_without_updates(config: Any, first: str, total: str = "total_timesteps") -> None:
+    """Say when a run's first update would come at or after its last step: it ends untrained (random actions only,
+    which a smoke run may want, a real one hardly)."""
     if getattr(config, first) >= getattr(config, total):
         flag, total_flag = first.replace("_", "-"), total.replace("_", "-")
-        raise ValueError(f"--{flag} {getattr(config, first)} is not below --{total_flag} {getattr(config, total)}: "
-                         f"the run would end before its first update; lower --{flag} or raise --{total_flag}.")
+        warnings.warn(f"--{flag} {getattr(config, first)} is not below --{total_flag} {getattr(config, total)}: the "
+                      f"run will end before its first update, untrained; lower --{flag} or raise --{total_flag}.",
+                      stacklevel=2)
 
 
 def validate_run_options(config: RunOptions, total: str) -> None:
