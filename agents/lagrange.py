@@ -140,14 +140,17 @@ class PIDMultiplier(Multiplier):
         super().__init__(cost_limit, init, warmup)
         self.kp, self.ki, self.kd = kp, ki, kd
         self.register_buffer("integral", torch.tensor(float(init)))
-        self.register_buffer("previous_cost", torch.tensor(float("nan")))  # NaN: no episode seen yet
+        self.register_buffer("previous_cost", torch.tensor(0.0))
+        # calls so far (0: no J_c,previous yet); a NaN previous_cost would read as diverged weights at a checkpoint
+        self.register_buffer("calls", torch.zeros((), dtype=torch.int64))
 
     def update(self, episode_cost: float) -> None:
         error = episode_cost - self.cost_limit
         self.integral.copy_((self.integral + self.ki * error).clamp(min=0.0))
-        rise = 0.0 if self.previous_cost.isnan() else max(0.0, episode_cost - float(self.previous_cost))
+        rise = 0.0 if self.calls == 0 else max(0.0, episode_cost - float(self.previous_cost))
         self.value.copy_((self.kp * error + self.integral + self.kd * rise).clamp(min=0.0))
         self.previous_cost.fill_(episode_cost)
+        self.calls += 1
 
 
 class AdamMultiplier(Multiplier):

@@ -304,3 +304,15 @@ def test_sac_lag_keeps_the_cost_under_the_limit_where_sac_does_not(tmp_path):
     assert constrained.final_eval_return > 2.5  # it still moves forward (standing still earns 0)
     unconstrained = sac.train(sac.SACConfig(**common, total_timesteps=1500))
     assert unconstrained.final_eval_costs.mean() == 20.0 and unconstrained.final_eval_return > 12.0
+
+
+@pytest.mark.parametrize("train, config_cls", [(sac_lag.train, SACLagConfig), (td3_lag.train, TD3LagConfig)])
+def test_a_pid_run_checkpoints_before_its_first_episode_ends(train, config_cls, tmp_path):
+    """HalfCheetah's first episode ends at step 1000: a checkpoint at 100 comes before the PID multiplier has seen
+    any cost (its 'no previous cost yet' was a NaN, which the checkpoint took for diverged weights: exit 2)."""
+    result = train(config_cls(env_id="keelrl/SafeHalfCheetahVelocity-v1", multiplier="pid", total_timesteps=200,
+                              learning_starts=100, batch_size=16, hidden_sizes=(16, 16), checkpoint_freq=100,
+                              eval_freq=0, eval_episodes=1, quiet=True, runs_dir=str(tmp_path)))
+    saved = torch.load(result.run_dir / "checkpoint.pt", weights_only=True)
+    assert saved["global_step"] == 200
+    assert saved["agent"]["networks"]["lagrange.calls"].item() == 0  # no episode has ended
