@@ -622,7 +622,11 @@ class RayWorkers:
             if self.address == "local":
                 self.ray.init(num_cpus=self.workers, include_dashboard=False, log_to_driver=False)
             else:
-                self.ray.init(address=self.address, log_to_driver=False)
+                try:
+                    self.ray.init(address=self.address, log_to_driver=False)
+                except ConnectionError as err:
+                    raise ValueError(f"--ray {self.address}: no Ray cluster answers there ({str(err).splitlines()[0]}); "
+                                     f"start one (ray start --head) or use --ray local.") from None
         self.remote_run = self.ray.remote(num_cpus=1)(run_agent_process)
         return self
 

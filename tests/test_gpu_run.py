@@ -61,7 +61,7 @@ def test_tiny_run_on_the_cpu_gives_the_speed_table_the_smoke_runs_and_the_learni
     assert float(rows["torch.compile"]["steps_per_s"]) == 61.5  # LeanRL's own last figure
     assert rows["--cudagraphs"]["note"] == "not measured: needs CUDA"
     [smoke] = read(results / "smoke.csv")
-    assert (smoke["agent"], smoke["returncode"], smoke["steps"], smoke["error"]) == ("sac", "0", "120", "")
+    assert (smoke["agent"], smoke["returncode"], smoke["steps"], smoke["error"]) == ("sac", "0", "160", "")
     environment = json.loads((results / "environment.json").read_text())
     assert environment["commit"] == "abc1234" and environment["tiny"]
 

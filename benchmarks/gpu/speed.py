@@ -106,9 +106,10 @@ SMOKE_FIELDS = ("agent", "returncode", "steps", "syncs", "syncs_per_step", "top_
 
 
 def apply_tiny(args: Args) -> Args:
+    """A few hundred steps per run (smoke runs 160: more than one PPO rollout of the smoke tasks, 4 × 32)."""
     if not args.tiny:
         return args
-    return dataclasses.replace(args, learning_starts=100, burn_in=50, timed_steps=200, smoke_steps=120,
+    return dataclasses.replace(args, learning_starts=100, burn_in=50, timed_steps=200, smoke_steps=160,
                                seeds=min(args.seeds, 2))
 
 
