@@ -189,6 +189,8 @@ def validate(config: SACConfig) -> None:
         raise ValueError("--weight-decay must be non-negative and --final-lr-fraction in (0, 1].")
     if config.obs_clip is not None and not config.obs_clip > 0:
         raise ValueError(f"--obs-clip must be positive (or None for no clipping), got {config.obs_clip}.")
+    if config.policy_lr <= 0 or config.q_lr <= 0:
+        raise ValueError(f"--policy-lr and --q-lr must be positive, got {config.policy_lr} and {config.q_lr}.")
     if config.alpha <= 0 or config.alpha_init <= 0:
         raise ValueError(f"--alpha and --alpha-init must be positive, got {config.alpha} and {config.alpha_init}.")
     validate_seed_group(config, "SAC")

@@ -252,3 +252,24 @@ def test_learning_that_starts_after_the_last_step_is_said(tmp_path):
         result = sac.train(sac.SACConfig(env_id="InvertedPendulum-v5", total_timesteps=300, eval_episodes=1,
                                          quiet=True, runs_dir=str(tmp_path)))
     assert result.global_step == 300
+
+
+@pytest.mark.parametrize("args, message", [(["--seed", "-1"], "--seed must lie in [0, 2**32 - 1], got -1"),
+                                           (["--q-lr", "-1"], "--policy-lr and --q-lr must be positive")])
+def test_a_seed_or_learning_rate_out_of_range_names_its_option(args, message, tmp_path, capsys):
+    assert run_cli(sac.train, sac.SACConfig, [*SAC_TINY, *args, "--runs-dir", str(tmp_path / "runs")]) == 2
+    assert message in one_line_error(capsys)
+    assert not (tmp_path / "runs").exists()
+
+
+def test_wandb_failing_to_start_is_one_line(tmp_path, monkeypatch, capsys):
+    """Not logged in (W&B's UsageError) or no network: one line that says what to do, not W&B's traceback."""
+    wandb = pytest.importorskip("wandb", reason="W&B tracking needs keelrl[wandb]")
+
+    def not_logged_in(**kwargs):
+        raise wandb.errors.UsageError("api_key not configured (no-tty)")
+
+    monkeypatch.setattr(wandb, "init", not_logged_in)
+    assert run_cli(sac.train, sac.SACConfig, [*SAC_TINY, "--track", "--runs-dir", str(tmp_path)]) == 2
+    err = one_line_error(capsys)
+    assert "--track: W&B did not start (UsageError: api_key not configured (no-tty)): log in with `wandb login`" in err

@@ -200,8 +200,14 @@ def import_wandb() -> ModuleType:
 
 
 def start_wandb(config: Any, algo: str, run_dir: Path) -> Any:
-    """A W&B run following the TensorBoard logs of `run_dir`, with the config; a resumed run continues its W&B run."""
-    return import_wandb().init(project=config.wandb_project, entity=config.wandb_entity, group=config.wandb_group,
-                               name=run_dir.name, id=re.sub(r"[^\w-]", "-", run_dir.name)[:64], resume="allow",
-                               config={"algo": algo, **dataclasses.asdict(config)}, dir=str(run_dir),
-                               sync_tensorboard=True)
+    """A W&B run following the TensorBoard logs of `run_dir`, with the config; a resumed run continues its W&B run.
+    W&B failing to start (not logged in, no network) is one line."""
+    wandb = import_wandb()
+    try:
+        return wandb.init(project=config.wandb_project, entity=config.wandb_entity, group=config.wandb_group,
+                          name=run_dir.name, id=re.sub(r"[^\w-]", "-", run_dir.name)[:64], resume="allow",
+                          config={"algo": algo, **dataclasses.asdict(config)}, dir=str(run_dir), sync_tensorboard=True)
+    except Exception as err:  # wandb raises its own types (UsageError, CommError) and others
+        raise ValueError(f"--track: W&B did not start ({one_line(err)}): log in with `wandb login`, or set "
+                         f"WANDB_MODE=offline to keep the run on this machine; {run_dir} holds only its "
+                         f"config.") from None

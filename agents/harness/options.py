@@ -111,6 +111,8 @@ def warn_without_updates(config: Any, first: str, total: str = "total_timesteps"
 def validate_run_options(config: RunOptions, total: str) -> None:
     """Reject run option values no run can use, with the option's command-line name."""
     require_positive_counts(config, "eval_episodes", "checkpoint_freq", "log_freq", "threads", total)
+    if not 0 <= config.seed < 2**32:  # numpy's and the envs' seeds
+        raise ValueError(f"--seed must lie in [0, 2**32 - 1], got {config.seed}.")
     require_non_negative(config, "eval_freq", "progress_seconds", "checkpoint_minutes")
     if config.extend_to is not None:
         if config.resume is None:
