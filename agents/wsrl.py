@@ -36,12 +36,7 @@ from torch import nn
 from keelrl.agents.cql import cql_networks
 from keelrl.agents.harness.checkpoints import CHECKPOINT_FILE, MODEL_FILE, SavedAgent, read_checkpoint
 from keelrl.agents.harness.loop import Run, TrainResult
-from keelrl.agents.harness.options import (
-    RunOptions,
-    require_positive_counts,
-    run_cli,
-    validate_run_options,
-)
+from keelrl.agents.harness.options import RunOptions, require_positive_counts, run_cli, validate_run_options
 from keelrl.agents.harness.run_directory import CONFIG_FILE
 from keelrl.buffers import Batch, ReplayBuffer
 from keelrl.envs import make_vec_env, play_episodes, require_box_actions

@@ -712,11 +712,15 @@ def run_grids(
     def not_done(cells: list[Cell]) -> list[Cell]:
         """The cells less those found done now (another process finished them), each said."""
         nonlocal finished
-        for cell in (cell for cell in cells if cell.state()[0] == "done"):
+        still = []
+        for cell in cells:
+            if cell.state()[0] != "done":
+                still.append(cell)
+                continue
             finished += 1
             log(f"[{finished}/{total}] {cell.agent.name} {cell.task.id} seed {cell.seed}: found done (another "
                 f"process finished it), not started")
-        return [cell for cell in cells if cell.state()[0] != "done"]
+        return still
 
     def start(batch: list[Cell]) -> None:
         """Start the agent process of `batch`, its attempt recorded in each of its cells as it starts."""

@@ -34,6 +34,9 @@ class ReplayBuffer:
     `capacity` is rounded up to a multiple of `num_envs`.
     """
 
+    FIELDS = ("obs", "next_obs", "actions", "rewards", "terminated", "truncated", "costs")
+    """the stored tensors, a row per transition (`costs` None unless store_cost)"""
+
     def __init__(
         self,
         capacity: int,
@@ -160,21 +163,10 @@ class ReplayBuffer:
         """The stored transitions and sampling state (tensors only, safe to load with weights_only). The filled rows
         are copied to the host: torch.save writes a view's whole storage, so a view would save the full capacity
         (and a copy on the GPU would take a second buffer's memory there)."""
-        state = {
-            "obs": self.obs[: self.size].to("cpu", copy=True),
-            "next_obs": self.next_obs[: self.size].to("cpu", copy=True),
-            "actions": self.actions[: self.size].to("cpu", copy=True),
-            "rewards": self.rewards[: self.size].to("cpu", copy=True),
-            "terminated": self.terminated[: self.size].to("cpu", copy=True),
-            "truncated": self.truncated[: self.size].to("cpu", copy=True),
-            "pos": torch.tensor(self.pos),
-            "capacity": torch.tensor(self.capacity),
-            "num_envs": torch.tensor(self.num_envs),
-            "generator": self.generator.get_state(),
-        }
-        if self.costs is not None:
-            state["costs"] = self.costs[: self.size].to("cpu", copy=True)
-        return state
+        rows = {name: getattr(self, name)[: self.size].to("cpu", copy=True) for name in self.FIELDS
+                if getattr(self, name) is not None}
+        return {**rows, "pos": torch.tensor(self.pos), "capacity": torch.tensor(self.capacity),
+                "num_envs": torch.tensor(self.num_envs), "generator": self.generator.get_state()}
 
     def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
         if int(state["capacity"]) != self.capacity or int(state["num_envs"]) != self.num_envs:
@@ -186,7 +178,7 @@ class ReplayBuffer:
             raise ValueError("Saved buffer and this buffer disagree on storing costs.")
         self.size = state["obs"].shape[0]
         self.pos = int(state["pos"])
-        for name in ("obs", "next_obs", "actions", "rewards", "terminated", "truncated", "costs"):
+        for name in self.FIELDS:
             if name in state:
                 getattr(self, name)[: self.size] = state[name].to(self.device)
         self.generator.set_state(state["generator"])

@@ -5,8 +5,7 @@ Run:  python -m keelrl.evaluate runs/Hopper-v5__sac__1__1795250000 --episodes 10
 Import: from keelrl.evaluate import EvaluateConfig, evaluate_saved
 
 Prints the mean ± std return (and cost, on an env that reports one) over the episodes and writes one row per
-episode to a CSV
-(default: evaluation.csv beside the model). Episode i is seeded seed + i, as the `evaluate()` of the agent's
+episode to a CSV (default: evaluation.csv beside the model). Episode i is seeded seed + i, as the `evaluate()` of the agent's
 module seeds them, so this command and that function give the same returns for the same seed. With
 --capture-video the first episode is also written as an MP4 under videos/ beside the model.
 """

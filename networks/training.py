@@ -96,7 +96,7 @@ def check_device(device: str, compile: bool, cudagraphs: bool) -> None:
     if where.type == "cuda" and where.index is not None and where.index >= torch.cuda.device_count():
         raise ValueError(f"--device {device}: this machine has {torch.cuda.device_count()} CUDA GPU(s), numbered "
                          f"from 0.")
-    if cudagraphs and not device.startswith("cuda"):
+    if cudagraphs and where.type != "cuda":
         raise ValueError("--cudagraphs captures the update in CUDA graphs, which needs --device cuda (and a GPU); "
                          "on CPU use --compile alone.")
     if compile and device == "cpu" and not any(map(shutil.which, ("g++", "c++", "clang++"))):

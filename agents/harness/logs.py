@@ -128,7 +128,7 @@ class Filming:
             if new_index:
                 rows.writeheader()
             rows.writerow({"global_step": step, "file": path.name, "return": episode.episode_return,
-                             "cost": episode.cost, "length": len(episode.frames)})
+                           "cost": episode.cost, "length": len(episode.frames)})
         writer.add_image("eval/video_frame", episode.frames[len(episode.frames) // 2], step, dataformats="HWC")
 
 
