@@ -10,6 +10,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -159,6 +160,10 @@ def killed_run(tmp_path: Path, monkeypatch, kill_at_step: int, name: str = "run"
 
 
 def resume(run_dir: Path) -> int:
+    """--resume, in a later second than the run's TensorBoard files were opened: TensorBoard reads a run's files in
+    name order, the second a writer opened first, then a counter of this process's writers (…9 sorts after …10), so a
+    resume within the same second, which only a test makes, could be read before the run it continues."""
+    time.sleep(1.01 - time.time() % 1.0)
     return run_cli(sac.train, sac.SACConfig, args=["--resume", str(run_dir), "--quiet"])
 
 
