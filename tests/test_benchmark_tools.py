@@ -8,6 +8,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from keelrl.benchmarks.perf.gemm_floor import UpdateProducts
 from keelrl.benchmarks.perf.speed import Args as SpeedArgs
 from keelrl.benchmarks.perf.speed import update_flops
+from keelrl.benchmarks.checks import summarize_runs
 from keelrl.benchmarks.checks.summarize_runs import binned_returns, summarize_keelrl, table
 
 
@@ -37,6 +38,30 @@ def test_training_return_curves_average_each_run_per_bin_then_across_runs(tmp_pa
     ends, mean, std = binned_returns([first, second], bin_steps=200)  # episodes end at steps 100, 200, 300, 400
     assert ends.tolist() == [200, 400]
     assert mean.tolist() == [(15.0 + 50.0) / 2, 35.0] and std.tolist() == [17.5, 0.0]
+
+
+@pytest.mark.parametrize("group, path, expected", [
+    ("cleanrl", "runs/Hopper-v5__*", "runs/Hopper-v5__*: not a run directory (a glob that matched nothing is "
+                                      "passed on as written)"),
+    ("keelrl", "runs/missing", "runs/missing: not a run directory (no such directory)"),
+    ("keelrl", "empty", "empty: no evaluation in its eval.csv"),
+    ("cleanrl", "empty", "empty: no charts/episodic_return in TensorBoard events there"),
+])
+def test_summarize_runs_refuses_a_path_that_is_not_a_run_in_one_line_before_printing_a_table(group, path, expected,
+                                                                                          tmp_path, capsys,
+                                                                                          monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    Path("empty").mkdir()
+    write_run(tmp_path / "good", 300.0, 0.0, [1.0])
+    assert summarize_runs.main(["--keelrl", "good", f"--{group}", path]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and len(err.splitlines()) == 1 and err.startswith(f"error: --{group} {expected}"), err
+
+
+def test_summarize_runs_without_runs_says_what_to_give(capsys):
+    assert summarize_runs.main([]) == 2
+    assert capsys.readouterr().err == ("error: no runs to summarise: give --keelrl and/or --cleanrl run "
+                                       "directories\n")
 
 
 @pytest.mark.parametrize("algo, one_column_products", [("sac", 20), ("td3", 14)])

@@ -17,6 +17,7 @@ from __future__ import annotations
 import csv
 import dataclasses
 import json
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -63,8 +64,20 @@ def scalars(run_dir: Path, tag: str) -> list:
     return events.Scalars(tag) if tag in events.Tags()["scalars"] else []
 
 
+def check_run_dir(run_dir: Path, group: str) -> None:
+    """ValueError, in one line, for a --keelrl/--cleanrl path that is not a directory."""
+    if not run_dir.is_dir():
+        matched = "a glob that matched nothing is passed on as written" if "*" in str(run_dir) else "no such directory"
+        raise ValueError(f"--{group} {run_dir}: not a run directory ({matched})")
+
+
 def summarize_keelrl(run_dir: Path, last_episodes: int) -> RunSummary:
-    final = read_csv(run_dir / "eval.csv")[-1]
+    check_run_dir(run_dir, "keelrl")
+    evaluations = read_csv(run_dir / "eval.csv") if (run_dir / "eval.csv").is_file() else []
+    if not evaluations:
+        raise ValueError(f"--keelrl {run_dir}: no evaluation in its eval.csv (a run still before its first "
+                         "evaluation, or one run with --eval-freq 0)")
+    final = evaluations[-1]
     episodes = [(int(row["global_step"]), float(row["return"])) for row in read_csv(run_dir / "episodes.csv")]
     speeds = scalars(run_dir, "charts/SPS")
     last_train = float(np.mean([r for _, r in episodes[-last_episodes:]]))
@@ -73,7 +86,11 @@ def summarize_keelrl(run_dir: Path, last_episodes: int) -> RunSummary:
 
 
 def summarize_cleanrl(run_dir: Path, last_episodes: int) -> RunSummary:
+    check_run_dir(run_dir, "cleanrl")
     episodes = [(event.step, event.value) for event in scalars(run_dir, "charts/episodic_return")]
+    if not episodes:
+        raise ValueError(f"--cleanrl {run_dir}: no charts/episodic_return in TensorBoard events there (not a "
+                         "CleanRL run directory, or one before its first episode ended)")
     final_eval = float(read_csv(run_dir / "eval.csv")[-1]["mean_return"]) if (run_dir / "eval.csv").is_file() \
         else float("nan")
     if (run_dir / "summary.json").is_file():
@@ -134,18 +151,29 @@ def draw_curves(groups: dict[str, list[RunSummary]], bin_steps: int, path: Path)
     fig.savefig(path, dpi=100)
 
 
-def main(args: Args) -> None:
+def main(argv: list[str] | None = None) -> int:
+    args = tyro.cli(Args, args=argv)
+    if not args.keelrl and not args.cleanrl:
+        print("error: no runs to summarise: give --keelrl and/or --cleanrl run directories", file=sys.stderr)
+        return 2
+    try:
+        summarize(args)
+    except ValueError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def summarize(args: Args) -> None:
     groups = {}
     if args.keelrl:
         groups["keelrl"] = [summarize_keelrl(d, args.last_episodes) for d in sorted(args.keelrl)]
-        print(table("keelrl", groups["keelrl"]))
-        print()
     if args.cleanrl:
         groups["CleanRL"] = [summarize_cleanrl(d, args.last_episodes) for d in sorted(args.cleanrl)]
-        print(table("CleanRL", groups["CleanRL"]))
-    if args.curves is not None and groups:
+    print("\n\n".join(table(name, runs) for name, runs in groups.items()))
+    if args.curves is not None:
         draw_curves(groups, args.bin, args.curves)
 
 
 if __name__ == "__main__":
-    main(tyro.cli(Args))
+    raise SystemExit(main())
