@@ -118,3 +118,25 @@ def test_the_seeds_speed_script_runs_both_ways_and_writes_its_table(tmp_path):
     assert row[0] == "2" and together_one == pytest.approx(2 * one, abs=0.11)
     assert together_many == pytest.approx(2 * many, abs=0.11) and one > 0 and many > 0
     assert (tmp_path / "seeds.md").read_text().splitlines()[-1] == lines[-1]
+
+
+def test_the_seeds_speed_script_stopped_by_sigterm_stops_its_runs_first(tmp_path):
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    script = subprocess.Popen([sys.executable, "-m", "keelrl.benchmarks.perf.seeds_speed", "--sizes", "2", "--env-id",
+                               "InvertedPendulum-v5", "--total-timesteps", "10000000", "--hidden", "8"],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    children = Path(f"/proc/{script.pid}/task/{script.pid}/children")
+    deadline = time.monotonic() + 60
+    while not children.read_text().split() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    run_pid = int(children.read_text().split()[0])
+    script.send_signal(signal.SIGTERM)
+    assert script.wait(timeout=60) == 128 + signal.SIGTERM
+    with pytest.raises(ProcessLookupError):  # the run was stopped and waited for, not left running
+        os.kill(run_pid, 0)
+    assert "Traceback" not in script.stderr.read()

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import shlex
+import signal
 import statistics
 import subprocess
 import sys
@@ -63,14 +65,36 @@ def update_rates(output: str) -> list[float]:
     return [float(rate) for rate in re.findall(r"([\d.]+) while updating", output)]
 
 
+def run_at_once(commands: list[list[str]], logs: Path) -> list[str]:
+    """Run the commands at once and return each one's stdout; RuntimeError naming the first that failed. When this
+    process is stopped meanwhile (Ctrl-C, or SIGTERM, which `main` turns into SystemExit), the runs still going are
+    sent SIGTERM and waited for, not left behind."""
+    outputs = [logs / f"{i}.out" for i in range(len(commands))]
+    errors = [logs / f"{i}.err" for i in range(len(commands))]
+    processes = []
+    try:
+        for command_line, output, error in zip(commands, outputs, errors):
+            with output.open("w") as stdout, error.open("w") as stderr:
+                processes.append(subprocess.Popen(command_line, stdout=stdout, stderr=stderr, text=True))
+        for process in processes:
+            process.wait()
+    finally:
+        for process in processes:
+            if process.poll() is None:
+                process.terminate()
+        for process in processes:
+            process.wait()
+    for process, error in zip(processes, errors):
+        if process.returncode != 0:
+            raise RuntimeError(f"a run failed (exit {process.returncode}): {shlex.join(process.args)}\n"
+                               + "\n".join(error.read_text().strip().splitlines()[-5:]))
+    return [output.read_text() for output in outputs]
+
+
 def batched(args: Args, num_seeds: int) -> float:
     """Each seed's steps/s in one process training `num_seeds` seeds."""
     with tempfile.TemporaryDirectory() as runs:
-        process = subprocess.run(command(args, 1, num_seeds, runs + "/{seed}"), capture_output=True, text=True)
-    if process.returncode != 0:
-        raise RuntimeError(f"the {num_seeds}-seed process failed (exit {process.returncode}): "
-                           + "\n".join(process.stderr.strip().splitlines()[-5:]))
-    output = process.stdout
+        output, = run_at_once([command(args, 1, num_seeds, runs + "/{seed}")], Path(runs))
     rates = update_rates(output)
     assert len(rates) == num_seeds, output  # one loop: every seed prints the same rate
     return rates[0]
@@ -79,11 +103,8 @@ def batched(args: Args, num_seeds: int) -> float:
 def separate(args: Args, num_seeds: int) -> list[float]:
     """Each of `num_seeds` single-seed processes' steps/s, all running at once."""
     with tempfile.TemporaryDirectory() as runs:
-        processes = [subprocess.Popen(command(args, seed, 1, f"{runs}/{seed}"), stdout=subprocess.PIPE, text=True)
-                     for seed in range(1, num_seeds + 1)]
-        outputs = [process.communicate()[0] for process in processes]
-    if any(process.returncode for process in processes):
-        raise RuntimeError(f"a single-seed process failed: {[p.returncode for p in processes]}")
+        outputs = run_at_once([command(args, seed, 1, f"{runs}/{seed}") for seed in range(1, num_seeds + 1)],
+                              Path(runs))
     return [update_rates(output)[0] for output in outputs]
 
 
@@ -104,5 +125,10 @@ def main(args: Args) -> list[str]:
     return lines
 
 
+def exit_on_sigterm(signum: int, frame) -> None:
+    raise SystemExit(128 + signum)
+
+
 if __name__ == "__main__":
+    signal.signal(signal.SIGTERM, exit_on_sigterm)
     print("\n".join(main(tyro.cli(Args))))
