@@ -70,10 +70,11 @@ def default_data_path() -> Path:
 
 @contextlib.contextmanager
 def minari_root(data_path: str | os.PathLike | None) -> Iterator[Path]:
-    """Point Minari at `data_path` (Minari reads MINARI_DATASETS_PATH at each call) for the duration."""
+    """Point Minari at `data_path` (Minari reads MINARI_DATASETS_PATH at each call) for the duration, made absolute:
+    Minari joins a relative root onto itself when it writes a dataset (rel/keelrl/x/data/rel/keelrl/x/data/...)."""
     previous = os.environ.get("MINARI_DATASETS_PATH")
-    if data_path is not None:
-        os.environ["MINARI_DATASETS_PATH"] = str(data_path)
+    root = Path(data_path) if data_path is not None else default_data_path()
+    os.environ["MINARI_DATASETS_PATH"] = str(root.expanduser().absolute())
     try:
         yield default_data_path()
     finally:

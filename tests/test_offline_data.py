@@ -91,6 +91,20 @@ def test_keelrl_writer_round_trip(tmp_path, pendulum_data):
     assert normalized_score(6.0, *reference_scores(info)) == pytest.approx(50.0)
 
 
+@pytest.mark.parametrize("given", ["argument", "environment"])
+def test_a_relative_data_path_is_written_and_read_where_it_points(given, tmp_path, pendulum_data, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    if given == "environment":
+        monkeypatch.setenv("MINARI_DATASETS_PATH", "rel/data")
+    data_path = "rel/data" if given == "argument" else None
+    path = write_minari_dataset("keelrl/pendulum-test-v0", pendulum_data, "InvertedPendulum-v5", data_path)
+    # Minari given a relative root writes under rel/data/keelrl/pendulum-test-v0/data/rel/data/... and fails
+    assert path == tmp_path / "rel/data/keelrl/pendulum-test-v0"
+    assert (path / "data" / "main_data.hdf5").is_file()
+    np.testing.assert_array_equal(load_dataset("keelrl/pendulum-test-v0", data_path)["rewards"],
+                                  pendulum_data["rewards"])
+
+
 def hand_made_episodes(num_episodes=4, max_steps=25):
     """Pendulum-v1 stepped by hand with a 25-step limit (every episode ends by truncation), as Minari buffers."""
     from minari.data_collector import EpisodeBuffer
