@@ -87,7 +87,7 @@ from keelrl.benchmarks.aggregate import (
     dataset_references,
     read_run_figures,
 )
-from keelrl.buffers.offline import default_data_path, minari_data_dir
+from keelrl.buffers.offline import minari_data_dir
 
 try:
     import tomllib
@@ -541,11 +541,8 @@ def check_dataset(where: str, dataset: str, data_path: str | None) -> None:
         return
     try:
         minari_data_dir(dataset, data_path)
-    except FileNotFoundError as err:  # it says how to make the dataset; a typo's close id comes first
-        root = Path(data_path) if data_path is not None else default_data_path()
-        known = [str(found.parent.parent.relative_to(root)) for found in root.glob("**/data/metadata.json")]
-        # ids share their namespace, kind and version: only a near-identical one is a likely typo
-        raise FileNotFoundError(f"{where}:{_did_you_mean(dataset, known, cutoff=0.85)} {err}") from None
+    except FileNotFoundError as err:  # it suggests a close id, else says how to make the dataset
+        raise FileNotFoundError(f"{where}: {err}") from None
 
 
 def run_agent_process(command: list[str], log_path: str, mode: str) -> dict[str, Any]:

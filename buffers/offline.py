@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import difflib
 import os
 import re
 import warnings
@@ -120,18 +121,30 @@ def load_dataset_with_info(
 
 
 def minari_data_dir(source: str, data_path: str | os.PathLike | None) -> Path:
-    """The `data` directory of a Minari dataset given by id or by directory."""
+    """The `data` directory of a Minari dataset given by id or by directory. FileNotFoundError for a path that is
+    there but holds no dataset, and for an id not found, suggesting the ids there close to it, else how to make it."""
     path = Path(source)
     for candidate in (path / "data", path):
         if (candidate / "metadata.json").is_file():
             return candidate
+    if path.exists():
+        raise FileNotFoundError(f"{source} is a {'directory' if path.is_dir() else 'file'} but not a dataset: give a "
+                                f"Minari dataset id, a Minari dataset directory (holding data/metadata.json) or a "
+                                f".hdf5/.npz file in the D4RL layout.")
     root = Path(data_path) if data_path is not None else default_data_path()
     data_dir = root / source / "data"
     if not (data_dir / "metadata.json").is_file():
+        # ids share their namespace, kind and version: only a near-identical one is a likely typo
+        close = difflib.get_close_matches(source, dataset_ids(root), n=3, cutoff=0.85)
+        what_to_do = f"Did you mean {', '.join(map(repr, close))}?" if close else _how_to_make(source)
         raise FileNotFoundError(f"No dataset {source!r}: looked for a Minari dataset in {root / source} "
-                                f"(set --data-path or MINARI_DATASETS_PATH to look elsewhere). "
-                                f"{_how_to_make(source)}")
+                                f"(set --data-path or MINARI_DATASETS_PATH to look elsewhere). {what_to_do}")
     return data_dir
+
+
+def dataset_ids(root: Path) -> list[str]:
+    """The ids of the Minari datasets under `root` ('keelrl/hopper-medium-v0', ...)."""
+    return sorted(str(found.parent.parent.relative_to(root)) for found in root.glob("**/data/metadata.json"))
 
 
 def _how_to_make(dataset_id: str) -> str:

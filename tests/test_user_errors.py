@@ -186,6 +186,29 @@ def test_a_missing_dataset_names_the_command_that_makes_exactly_it(identifier, t
     assert [dataset_id(config.env_id, kind, config.version, config.quick) for kind in config.datasets] == [identifier]
 
 
+def test_an_offline_agent_given_a_misspelled_dataset_id_is_told_the_close_id_there(tmp_path, capsys):
+    data_dir = tmp_path / "datasets" / "keelrl" / "hopper-medium-v0" / "data"
+    data_dir.mkdir(parents=True)
+    (data_dir / "metadata.json").write_text("{}")  # what the look-up needs
+    args = ["--dataset", "keelrl/hoper-medium-v0", "--data-path", str(tmp_path / "datasets"), "--runs-dir",
+            str(tmp_path / "runs"), "--quiet"]
+    assert run_cli(iql.train, iql.IQLConfig, args=args) == 2
+    err = one_line_error(capsys)
+    assert err.startswith("error: No dataset 'keelrl/hoper-medium-v0': looked for a Minari dataset in ")
+    assert err.endswith("Did you mean 'keelrl/hopper-medium-v0'?")
+
+
+@pytest.mark.parametrize("kind", ["file", "directory"])
+def test_an_offline_agent_given_a_path_that_is_not_a_dataset_says_what_a_dataset_is(kind, tmp_path, capsys):
+    path = tmp_path / "notes.txt" if kind == "file" else tmp_path / "some_dir"
+    path.write_text("not a dataset") if kind == "file" else path.mkdir()
+    args = ["--dataset", str(path), "--runs-dir", str(tmp_path / "runs"), "--quiet"]
+    assert run_cli(iql.train, iql.IQLConfig, args=args) == 2
+    assert one_line_error(capsys) == (f"error: {path} is a {kind} but not a dataset: give a Minari dataset id, a "
+                                      "Minari dataset directory (holding data/metadata.json) or a .hdf5/.npz file "
+                                      "in the D4RL layout.")
+
+
 # ---------------------------------------------------------------------------------------------------
 # training options that no run can use
 
