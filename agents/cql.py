@@ -42,6 +42,7 @@ from keelrl.agents.harness.loop import Run, TrainResult
 from keelrl.agents.harness.options import (
     RunOptions,
     apply_preset,
+    evaluation_seed,
     require_positive_counts,
     require_positive_widths,
     run_cli,
@@ -430,7 +431,7 @@ def train(config: CQLConfig) -> TrainResult:
     agent.fit_normalizer(data)
     agent.to(config.device)
     buffer = DatasetBuffer(data, config.gamma, config.device, seed=config.seed)
-    eval_seed = config.seed + 10_000  # evaluation episode i is seeded eval_seed + i
+    eval_seed = evaluation_seed(config.seed, config.eval_episodes)  # evaluation episode i is seeded eval_seed + i
     run.start(env_id, agent, evaluate=lambda: evaluate(agent, env_id, config.eval_episodes, eval_seed),
               state={"sampler": (buffer.generator.get_state, buffer.generator.set_state)},
               reference_returns=summary["ref_scores"], files={"dataset.json": json.dumps(summary, indent=2)},

@@ -43,6 +43,7 @@ from keelrl.agents.harness.checkpoints import SavedSpaceAgent
 from keelrl.agents.harness.loop import Run, TrainResult
 from keelrl.agents.harness.options import (
     RunOptions,
+    evaluation_seed,
     require_non_negative,
     require_positive_counts,
     require_positive_widths,
@@ -409,7 +410,7 @@ def train(config: PPOConfig) -> TrainResult:
     obs_dim = int(np.prod(env.single_observation_space.shape))
     agent = PPO(obs_dim, env.single_action_space, config).to(config.device)
     rollout = RolloutBuffer(config.num_steps, config.num_envs, (obs_dim,), env.single_action_space.shape)
-    eval_seed = config.seed + 10_000  # evaluation episode i is seeded eval_seed + i
+    eval_seed = evaluation_seed(config.seed, config.eval_episodes)  # evaluation episode i is seeded eval_seed + i
     obs, _ = env.reset()
     run.start(config.env_id, agent, evaluate=lambda: evaluate(agent, config.env_id, config.eval_episodes, eval_seed),
               numpy_rng=agent.rng, state={"rollout": (rollout.state_dict, rollout.load_state_dict),

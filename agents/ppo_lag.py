@@ -38,7 +38,7 @@ import torch
 from torch import nn
 
 from keelrl.agents.harness.loop import Run, TrainResult
-from keelrl.agents.harness.options import run_cli
+from keelrl.agents.harness.options import evaluation_seed, run_cli
 from keelrl.agents.lagrange import LagrangeOptions, build_multiplier, validate_lagrange
 from keelrl.agents.ppo import PPO, PPOConfig, check_action_space, evaluate, go_on_with_the_rollout, resolve
 from keelrl.agents.ppo import validate as validate_ppo
@@ -132,7 +132,7 @@ def train(config: PPOLagConfig) -> TrainResult:
     agent = PPOLag(obs_dim, env.single_action_space, config).to(config.device)
     rollout = RolloutBuffer(config.num_steps, config.num_envs, (obs_dim,), env.single_action_space.shape,
                             store_cost=True)
-    eval_seed = config.seed + 10_000  # evaluation episode i is seeded eval_seed + i
+    eval_seed = evaluation_seed(config.seed, config.eval_episodes)  # evaluation episode i is seeded eval_seed + i
     obs, _ = env.reset()
     run.start(config.env_id, agent, evaluate=lambda: evaluate(agent, config.env_id, config.eval_episodes, eval_seed),
               numpy_rng=agent.rng, state={"rollout": (rollout.state_dict, rollout.load_state_dict),

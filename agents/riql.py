@@ -39,7 +39,7 @@ import torch
 import torch.nn.functional as F
 
 from keelrl.agents.harness.loop import Run, TrainResult
-from keelrl.agents.harness.options import run_cli
+from keelrl.agents.harness.options import evaluation_seed, run_cli
 from keelrl.agents.iql import IQL, IQLConfig, evaluate, load_attacker
 from keelrl.agents.iql import validate as validate_iql
 from keelrl.buffers import Batch
@@ -153,7 +153,7 @@ def train(config: RIQLConfig) -> TrainResult:
     agent.fit_normalizer(data)
     agent.to(config.device)
     buffer = DatasetBuffer(data, config.gamma, config.device, seed=config.seed)
-    eval_seed = config.seed + 10_000  # evaluation episode i is seeded eval_seed + i
+    eval_seed = evaluation_seed(config.seed, config.eval_episodes)  # evaluation episode i is seeded eval_seed + i
     run.start(env_id, agent, evaluate=lambda: evaluate(agent, env_id, config.eval_episodes, eval_seed),
               state={"sampler": (buffer.generator.get_state, buffer.generator.set_state)},
               reference_returns=summary["ref_scores"], files={"dataset.json": json.dumps(summary, indent=2)},

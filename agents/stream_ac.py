@@ -27,7 +27,7 @@ import torch.nn.functional as F
 
 from keelrl.agents.harness.checkpoints import SavedStreamAgent
 from keelrl.agents.harness.loop import Run, TrainResult
-from keelrl.agents.harness.options import RunOptions, run_cli
+from keelrl.agents.harness.options import RunOptions, evaluation_seed, run_cli
 from keelrl.agents.stream_options import StreamOptions, validate_stream_options
 from keelrl.envs.streaming_wrappers import (
     Transition,
@@ -179,7 +179,7 @@ def train(config: StreamACConfig) -> TrainResult:
     with stream_env_for(config) as env:
         check_action_space(env.unwrapped.action_space, config.env_id)
         agent = StreamAC(env.observation_space.shape[0], env.unwrapped.action_space, config)
-        eval_seed = config.seed + 10_000  # evaluation episode i is seeded eval_seed + i
+        eval_seed = evaluation_seed(config.seed, config.eval_episodes)  # evaluation episode i is seeded eval_seed + i
 
         def evaluate_now() -> tuple[np.ndarray, np.ndarray]:
             """Evaluate on the statistics the agent learnt so far (also what model.pt keeps)."""

@@ -26,7 +26,7 @@ import torch
 
 from keelrl.agents.harness.checkpoints import SavedStreamAgent
 from keelrl.agents.harness.loop import Run, TrainResult
-from keelrl.agents.harness.options import RunOptions, run_cli
+from keelrl.agents.harness.options import RunOptions, evaluation_seed, run_cli
 from keelrl.agents.stream_options import StreamOptions, validate_stream_options
 from keelrl.agents.stream_ac import StreamAC
 from keelrl.agents.stream_q import StreamQ
@@ -251,7 +251,7 @@ def train(config: StreamTDConfig) -> TrainResult:
         if agent.policy is not None:
             use_policy_statistics(env, agent)
         value_rmses = []  # of every evaluation
-        eval_seed = config.seed + 10_000  # evaluation episode i is seeded eval_seed + i
+        eval_seed = evaluation_seed(config.seed, config.eval_episodes)  # evaluation episode i is seeded eval_seed + i
 
         def evaluate_now() -> tuple[np.ndarray, np.ndarray]:
             """Evaluate on the statistics the agent learnt so far (also what model.pt keeps)."""

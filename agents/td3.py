@@ -32,6 +32,7 @@ from keelrl.agents.harness.loop import TrainResult
 from keelrl.agents.harness.options import (
     RunOptions,
     apply_preset,
+    evaluation_seed,
     require_non_negative,
     require_positive_counts,
     require_positive_widths,
@@ -331,11 +332,12 @@ def train(config: TD3Config) -> TrainResult:
     buffer = run.group(lambda seed: ReplayBuffer(config.buffer_size, (obs_dim,), low.shape, config.num_envs,
                                                  config.device, config.n_step, config.gamma, seed=seed))
     action_rng = run.numpy_rng()
-    # evaluation episode i is seeded seed + 10_000 + i
+    # evaluation episode i of a seed is seeded evaluation_seed(seed, eval_episodes) + i
     run.start(config.env_id, agent, numpy_rng=action_rng, replay=buffer,
-              evaluate=lambda agent, seed: evaluate(agent, config.env_id, config.eval_episodes, seed + 10_000),
+              evaluate=lambda agent, seed: evaluate(agent, config.env_id, config.eval_episodes,
+                                                    evaluation_seed(seed, config.eval_episodes)),
               video=lambda agent, seed: gym_video(config.env_id, lambda obs: agent.act(obs, deterministic=True),
-                                                  seed + 10_000))
+                                                  evaluation_seed(seed, config.eval_episodes)))
     if run.resumed and agent.reward_scaler is not None:
         agent.reward_scaler.reset_returns()  # the return trace of the interrupted episodes
 

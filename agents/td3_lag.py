@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from keelrl.agents.harness.loop import Run, TrainResult
-from keelrl.agents.harness.options import run_cli
+from keelrl.agents.harness.options import evaluation_seed, run_cli
 from keelrl.agents.lagrange import CostCritic, LagrangeOptions, build_multiplier, validate_lagrange
 from keelrl.agents.lagrange import lagrangian_actor_loss
 from keelrl.agents.td3 import TD3, TD3Config, evaluate, resolve
@@ -95,7 +95,7 @@ def train(config: TD3LagConfig) -> TrainResult:
     buffer = ReplayBuffer(config.buffer_size, (obs_dim,), low.shape, config.num_envs, config.device, config.n_step,
                           config.gamma, store_cost=True, seed=config.seed)
     action_rng = np.random.default_rng(config.seed)
-    eval_seed = config.seed + 10_000  # evaluation episode i is seeded eval_seed + i
+    eval_seed = evaluation_seed(config.seed, config.eval_episodes)  # evaluation episode i is seeded eval_seed + i
     run.start(config.env_id, agent, evaluate=lambda: evaluate(agent, config.env_id, config.eval_episodes, eval_seed),
               numpy_rng=action_rng, replay=buffer,
               video=gym_video(config.env_id, lambda obs: agent.act(obs, deterministic=True), eval_seed))

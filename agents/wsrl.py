@@ -36,7 +36,13 @@ from torch import nn
 from keelrl.agents.cql import cql_networks
 from keelrl.agents.harness.checkpoints import CHECKPOINT_FILE, MODEL_FILE, SavedAgent, read_checkpoint
 from keelrl.agents.harness.loop import Run, TrainResult
-from keelrl.agents.harness.options import RunOptions, require_positive_counts, run_cli, validate_run_options
+from keelrl.agents.harness.options import (
+    RunOptions,
+    evaluation_seed,
+    require_positive_counts,
+    run_cli,
+    validate_run_options,
+)
 from keelrl.agents.harness.run_directory import CONFIG_FILE
 from keelrl.buffers import Batch, ReplayBuffer
 from keelrl.envs import make_vec_env, play_episodes, require_box_actions
@@ -288,7 +294,7 @@ def train(config: WSRLConfig) -> TrainResult:
     buffer = ReplayBuffer(config.buffer_size, (obs_dim,), low.shape, 1, config.device, gamma=config.gamma,
                           seed=config.seed)
     learning_starts = max(config.warmup_steps, config.batch_size)
-    eval_seed = config.seed + 10_000  # evaluation episode i is seeded eval_seed + i
+    eval_seed = evaluation_seed(config.seed, config.eval_episodes)  # evaluation episode i is seeded eval_seed + i
     if dataset is None:
         dataset = json.loads((Path(run.dir) / DATASET_FILE).read_text())
     run.start(config.env_id, agent, evaluate=lambda: evaluate(agent, config.env_id, config.eval_episodes, eval_seed),

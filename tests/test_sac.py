@@ -190,11 +190,12 @@ def check_run_files(run_dir: Path, config: SACConfig, final_eval_returns: np.nda
     assert int(evaluation["global_step"]) == 600 and int(evaluation["episodes"]) == 2
     assert float(evaluation["mean_return"]) == pytest.approx(final_eval_returns.mean(), rel=1e-12)
     assert float(evaluation["std_return"]) == pytest.approx(final_eval_returns.std(), abs=1e-12)
-    # the evaluation episodes by hand: single envs seeded seed + 10000 + i, the saved deterministic policy
+    # the evaluation episodes by hand: single envs seeded 10000 + seed * episodes + i (seeds evaluate on disjoint
+    # episodes), the saved deterministic policy
     model = SAC.load(run_dir / "model.pt")
     for i, episode_return in enumerate(final_eval_returns):
         env = gym.make("InvertedPendulum-v5")
-        obs, _ = env.reset(seed=config.seed + 10_000 + i)
+        obs, _ = env.reset(seed=10_000 + config.seed * 2 + i)
         total, done = 0.0, False
         while not done:
             obs, reward, terminated, truncated, _ = env.step(model.act(obs[None], deterministic=True)[0])

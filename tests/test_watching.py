@@ -181,8 +181,8 @@ def test_the_evaluation_command_finds_an_offline_agents_environment_and_a_stream
                                                       eval_freq=0, eval_episodes=2, runs_dir=str(tmp_path),
                                                       quiet=True))
     capsys.readouterr()
-    assert evaluate_main([str(streaming.run_dir), "--episodes", "2", "--seed", "10001"]) == 0
-    out = capsys.readouterr().out  # the training's final evaluation used seeds 10001-10002: the same episodes
+    assert evaluate_main([str(streaming.run_dir), "--episodes", "2", "--seed", "10002"]) == 0
+    out = capsys.readouterr().out  # the final evaluation of seed 1 used 10000 + 1 * 2 + i: the same episodes
     assert f"return {streaming.final_eval_returns.mean():.1f} ± {streaming.final_eval_returns.std():.1f}" in out
 
 

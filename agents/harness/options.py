@@ -150,6 +150,12 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
+def evaluation_seed(run_seed: int, episodes: int) -> int:
+    """The seed of a run's first evaluation episode; episode i is seeded this + i. Runs of different seeds evaluate
+    on disjoint episodes: seed s takes [10_000 + s * episodes, 10_000 + (s + 1) * episodes)."""
+    return 10_000 + run_seed * episodes
+
+
 def run_cli(train: Callable[[Any], Any], config_cls: type, args: list[str] | None = None) -> int:
     """Parse `config_cls` from the command line and train; a user error prints one line, exit code 2; a run
     stopped by SIGTERM or Ctrl-C (with its checkpoint written) gives 128 + the signal number."""
