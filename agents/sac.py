@@ -194,7 +194,7 @@ def validate(config: SACConfig) -> None:
         raise ValueError(f"--policy-lr and --q-lr must be positive, got {config.policy_lr} and {config.q_lr}.")
     if config.alpha <= 0 or config.alpha_init <= 0:
         raise ValueError(f"--alpha and --alpha-init must be positive, got {config.alpha} and {config.alpha_init}.")
-    validate_seed_group(config, "SAC")
+    validate_seed_group(config)
 
 
 def resolve(config: SACConfig) -> SACConfig:

@@ -167,7 +167,7 @@ def validate(config: TD3Config) -> None:
         raise ValueError("--weight-decay must be non-negative and --final-lr-fraction in (0, 1].")
     if config.obs_clip is not None and not config.obs_clip > 0:
         raise ValueError(f"--obs-clip must be positive (or None for no clipping), got {config.obs_clip}.")
-    validate_seed_group(config, "TD3")
+    validate_seed_group(config)
 
 
 def resolve(config: TD3Config) -> TD3Config:

@@ -55,7 +55,7 @@ class RunningObsNorm(nn.Module):
             self._update(batch, self.mean, self.var, self.count)
             return
         for i, rows in enumerate(batch):  # a seed group: statistics (S, *shape), counts (S,)
-            self._update(rows, self.mean[i], self.var[i], self.count[i:i + 1])
+            self._update(rows, self.mean[i], self.var[i], self.count[i])
 
     @classmethod
     def _update(cls, batch: torch.Tensor | np.ndarray, mean: torch.Tensor, var: torch.Tensor,

@@ -256,7 +256,8 @@ class RewardScaler(nn.Module):
     is reset after the step that ends an episode (terminated or truncated), so G is always the
     return of the current episode so far; gymnasium's `NormalizeReward` and the SimbaV2 code reset
     it one step earlier. The state (trace, statistics, maximum) is tensors only and travels with
-    `state_dict()`.
+    `state_dict()`. Stacked for a seed group (keelrl.networks.seeds), every state tensor has a leading seed axis and
+    each seed keeps its own trace, statistics and maximum.
     """
 
     def __init__(self, gamma: float, num_envs: int, v_max: float = 5.0, eps: float = 1e-8):
@@ -276,20 +277,21 @@ class RewardScaler(nn.Module):
 
     @torch.no_grad()
     def update(self, rewards: np.ndarray | torch.Tensor, dones: np.ndarray | torch.Tensor) -> None:
-        """Fold one step of rewards (num_envs,) and episode ends (num_envs,) into the statistics."""
+        """Fold one step of rewards (num_envs,) and episode ends (num_envs,) into the statistics (a seed group's
+        (S, num_envs): each seed's into its own)."""
         if self.returns.device.type == "cpu":  # numpy on the buffers' memory: the same arithmetic, far fewer ops
             returns, max_abs_return = self.returns.numpy(), self.max_abs_return.numpy()
             returns *= self.gamma
             returns += np.asarray(rewards.cpu() if isinstance(rewards, torch.Tensor) else rewards, np.float64)
             self.return_stats.update(returns)
-            np.maximum(max_abs_return, np.abs(returns).max(), out=max_abs_return)
+            np.maximum(max_abs_return, np.abs(returns).max(-1), out=max_abs_return)
             returns[np.asarray(dones.cpu() if isinstance(dones, torch.Tensor) else dones, bool)] = 0.0
             return
         rewards = torch.as_tensor(rewards, dtype=torch.float64, device=self.returns.device)
         dones = torch.as_tensor(dones, dtype=torch.bool, device=self.returns.device)
         self.returns.mul_(self.gamma).add_(rewards)
         self.return_stats.update(self.returns)
-        torch.maximum(self.max_abs_return, self.returns.abs().max(), out=self.max_abs_return)
+        torch.maximum(self.max_abs_return, self.returns.abs().amax(-1), out=self.max_abs_return)
         self.returns.masked_fill_(dones, 0.0)
 
     def reset_returns(self) -> None:
@@ -297,7 +299,7 @@ class RewardScaler(nn.Module):
         self.returns.zero_()
 
     def denominator(self) -> torch.Tensor:
-        """max(std of G, max |G| / v_max) as a float64 scalar; about 1 before any update."""
+        """max(std of G, max |G| / v_max) as a float64 scalar (a seed group's: (S,)); about 1 before any update."""
         std = torch.sqrt(self.return_stats.var + self.eps)
         return torch.maximum(std, self.max_abs_return / self.v_max)
 
@@ -307,4 +309,6 @@ class RewardScaler(nn.Module):
         return rewards / max(std, self.max_abs_return.item() / self.v_max)
 
     def forward(self, rewards: torch.Tensor) -> torch.Tensor:
-        return rewards / self.denominator().to(rewards.dtype)
+        """Scaled rewards (B,) (a seed group's (S, B), each seed's by its own denominator)."""
+        denominator = self.denominator().to(rewards.dtype)
+        return rewards / denominator.view(*denominator.shape, *[1] * (rewards.dim() - denominator.dim()))

@@ -30,6 +30,9 @@ TINY = dict(env_id="InvertedPendulum-v5", total_timesteps=150, learning_starts=1
             hidden_sizes=(16, 16), buffer_size=1_000, eval_freq=0, eval_episodes=2, checkpoint_freq=150, log_freq=10,
             threads=1, quiet=True)
 """50 updates after 100 random steps."""
+SIMBAV2 = dict(network="simbav2", critic_head="c51", num_bins=11, scale_rewards=True, normalize_obs=True,
+               obs_clip=None, optimizer="adam", final_lr_fraction=0.5, critic_hidden_dim=16, actor_hidden_dim=16)
+"""SimbaV2's preset at TINY's widths"""
 
 
 def recorded(monkeypatch, algo: str) -> tuple[dict[int, list], list]:
@@ -53,11 +56,16 @@ def recorded(monkeypatch, algo: str) -> tuple[dict[int, list], list]:
     return samples, updates
 
 
-@pytest.mark.parametrize("algo", ["sac", "td3"])
-def test_each_seed_of_a_batched_run_trains_as_its_single_seed_run(algo, tmp_path, monkeypatch):
+@pytest.mark.parametrize("algo, options", [
+    ("sac", {}), ("td3", {}),
+    # per-seed reward scales, weights projected back on the sphere per seed
+    ("sac", SIMBAV2), ("td3", SIMBAV2),
+    ("sac", {"critic_head": "hlgauss", "scale_rewards": True}),
+])
+def test_each_seed_of_a_batched_run_trains_as_its_single_seed_run(algo, options, tmp_path, monkeypatch):
     agent_cls, config_cls, train = AGENTS[algo]
     samples, updates = recorded(monkeypatch, algo)
-    group = train(config_cls(**TINY, seed=4, num_seeds=3, runs_dir=str(tmp_path / "group")))
+    group = train(config_cls(**TINY, **options, seed=4, num_seeds=3, runs_dir=str(tmp_path / "group")))
     group_samples, group_updates = list(samples.values()), list(updates)
     assert len(group_samples) == 3 and len(group_updates) == 50
     group_dirs = {json.loads((Path(d) / "config.json").read_text())["config"]["seed"]: Path(d)
@@ -66,7 +74,7 @@ def test_each_seed_of_a_batched_run_trains_as_its_single_seed_run(algo, tmp_path
     for i, seed in enumerate((4, 5, 6)):
         samples.clear()
         updates.clear()
-        single = train(config_cls(**TINY, seed=seed, runs_dir=str(tmp_path / f"single{seed}")))
+        single = train(config_cls(**TINY, **options, seed=seed, runs_dir=str(tmp_path / f"single{seed}")))
         (single_samples,) = samples.values()
         # the same environment steps: episodes (InvertedPendulum counts steps) and the data sampled for the updates
         assert (group_dirs[seed] / "episodes.csv").read_text() == (single.run_dir / "episodes.csv").read_text()
@@ -80,6 +88,29 @@ def test_each_seed_of_a_batched_run_trains_as_its_single_seed_run(algo, tmp_path
         for (name, tensor), other in zip(grouped.state_dict().items(), alone.state_dict().values(), strict=True):
             torch.testing.assert_close(tensor, other, rtol=1e-5, atol=1e-6, msg=name)
         assert grouped.config.seed == seed and grouped.config.num_seeds == 3
+
+
+def test_a_group_with_reward_scaling_resumes_each_seed_as_its_single_run(tmp_path):
+    """Each seed's reward scale (trace, return statistics, maximum) is saved in its own checkpoint and stacked back
+    on resume: a group stopped at 200 steps and extended to 300 ends as each seed's single run stopped and extended
+    the same way."""
+    options = dict(TINY, **SIMBAV2, total_timesteps=200, checkpoint_freq=200)
+
+    def stopped_and_extended(runs_dir: Path, **seeds) -> list[Path]:
+        sac.train(sac.SACConfig(**options, **seeds, runs_dir=str(runs_dir)))
+        run_dirs = sorted(runs_dir.iterdir(), key=lambda d: json.loads((d / "config.json").read_text())["config"]["seed"])
+        assert run_cli(sac.train, sac.SACConfig, ["--resume", str(run_dirs[-1]), "--extend-to", "300"]) == 0
+        return run_dirs
+
+    group_dirs = stopped_and_extended(tmp_path / "group", seed=4, num_seeds=2)
+    for seed, group_dir in zip((4, 5), group_dirs):
+        (single_dir,) = stopped_and_extended(tmp_path / f"single{seed}", seed=seed)
+        grouped, alone = (sac.SAC.load(d / "model.pt").state_dict() for d in (group_dir, single_dir))
+        assert grouped["reward_scaler.return_stats.count"] == 300  # one G per env step
+        for name, tensor in alone.items():
+            torch.testing.assert_close(grouped[name], tensor, rtol=1e-5, atol=1e-6, msg=name)
+    scales = [sac.SAC.load(d / "model.pt").reward_scaler.denominator() for d in group_dirs]
+    assert abs(scales[0] - scales[1]) > 1e-3  # two seeds, two scales
 
 
 def test_alpha_and_observation_statistics_stay_per_seed():
@@ -242,7 +273,6 @@ def test_a_group_killed_while_checkpointing_resumes_every_seed_from_one_step(kil
 
 def test_refusals(tmp_path, capsys):
     cases = [(sac.train, sac.SACConfig, ["--num-seeds", "0"], "--num-seeds must be positive"),
-             (sac.train, sac.SACConfig, ["--num-seeds", "2", "--network", "simbav2"], "--network mlp or simba"),
              (td3.train, td3.TD3Config, ["--num-seeds", "2", "--compile"], "drop --compile"),
              (sac_lag.train, sac_lag.SACLagConfig, ["--num-seeds", "2"], "SAC-Lag trains one seed per process")]
     for train, config_cls, args, message in cases:

@@ -25,6 +25,7 @@ from keelrl.networks import (
     TanhGaussianActor,
 )
 from keelrl.networks.mlp import EnsembleLinear
+from keelrl.networks.seeds import stack_seeds
 from keelrl.networks.simba import EnsembleLayerNorm
 from keelrl.networks.simbav2 import HyperLinear, HyperPredictor
 
@@ -320,6 +321,27 @@ def test_reward_scaler_keeps_one_trace_per_env():
     seen = np.concatenate(seen)
     expected = max(np.sqrt(seen.var() + 1e-8), np.abs(seen).max() / 5.0)
     assert scaler.denominator().item() == pytest.approx(expected, rel=1e-10)
+
+
+def test_stacked_reward_scalers_keep_each_seeds_trace_statistics_and_scale():
+    """A seed group's scaler (keelrl.networks.seeds): rewards (S, num_envs) folded into each seed's own state, and a
+    batch (S, B) divided by each seed's own denominator, as two single scalers given each seed's rewards."""
+    rng = np.random.default_rng(0)
+    rewards = [rng.normal(scale, size=(30, 3)) for scale in (1.0, 20.0)]  # seed 1's returns far larger
+    dones = [rng.random((30, 3)) < 0.2 for _ in range(2)]
+    group = stack_seeds(lambda: RewardScaler(gamma=0.9, num_envs=3), [1, 2])
+    singles = [RewardScaler(gamma=0.9, num_envs=3) for _ in range(2)]
+    for step in range(30):
+        group.update(np.stack([r[step] for r in rewards]), np.stack([d[step] for d in dones]))
+        for k, single in enumerate(singles):
+            single.update(rewards[k][step], dones[k][step])
+    batch = torch.tensor([[1.0, -2.0], [3.0, 4.0]])  # (S, B)
+    scaled = group(batch)
+    for k, single in enumerate(singles):
+        assert group.denominator()[k].item() == pytest.approx(single.denominator().item(), rel=1e-12)
+        torch.testing.assert_close(group.returns[k], single.returns)
+        torch.testing.assert_close(scaled[k], single(batch[k]))
+    assert group.denominator()[1] > 5 * group.denominator()[0]
 
 
 def test_reward_scaler_state_dict_round_trip():

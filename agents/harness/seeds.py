@@ -221,7 +221,7 @@ def write_seeds_files(run_dirs: list[Path]) -> None:
         (run_dir / SEEDS_FILE).write_text(json.dumps({"runs": relative}, indent=2))
 
 
-def validate_seed_group(config: Any, agent: str) -> None:
+def validate_seed_group(config: Any) -> None:
     """Refuse --num-seeds values and the options a seed group cannot train with, in one line each."""
     if config.num_seeds < 1:
         raise ValueError(f"--num-seeds must be positive, got {config.num_seeds}.")
@@ -230,6 +230,3 @@ def validate_seed_group(config: Any, agent: str) -> None:
     if config.compile or config.cudagraphs:
         raise ValueError(f"--num-seeds {config.num_seeds} batches the seeds' losses with torch.func.vmap, which "
                          f"keelrl runs eagerly: drop --compile/--cudagraphs, or run the seeds one per process.")
-    if config.network == "simbav2" or config.scale_rewards:
-        raise ValueError(f"--num-seeds {config.num_seeds}: {agent} trains several seeds in one process with "
-                         f"--network mlp or simba and without --scale-rewards; run these seeds one per process.")
