@@ -1,17 +1,21 @@
 """--cudagraphs of SAC and TD3 (networks/cuda_graphs.py): a captured update reads its learning rate from a tensor the
 schedule changes in place, and, where torch sees a CUDA GPU, updates replayed as CUDA graphs equal the same updates
 run eagerly, in each branch (critic alone; critic, actor and α), through warm-up, capture and replays: SAC with its
-MLP, SimBa, SimbaV2 and HL-Gauss critics, TD3, and a seed group (its generators registered with the graphs)."""
+MLP, SimBa, SimbaV2 and HL-Gauss critics, TD3, and a seed group (its generators registered with the graphs), also
+as `--num-seeds --cudagraphs` trains it."""
 
 from __future__ import annotations
 
 import dataclasses
+import json
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 from torch import nn
 
+from keelrl.agents import sac
 from keelrl.agents.sac import PRESETS, SAC, SACConfig, resolve
 from keelrl.agents.td3 import TD3, TD3Config
 from keelrl.buffers import Batch
@@ -123,3 +127,26 @@ def test_cudagraphs_option_trains_as_eager_within_compiler_rounding():
         for name in expected:
             torch.testing.assert_close(got[name], expected[name], atol=1e-3, rtol=1e-3, msg=name)
     assert isinstance(captured._learn_step, GraphedUpdate) and len(captured._learn_step.graphs) == 2
+
+
+@cuda
+@pytest.mark.parametrize("options", [{}, dict(network="simbav2", critic_head="c51", num_bins=11, scale_rewards=True,
+                                              normalize_obs=True, obs_clip=None, critic_hidden_dim=16,
+                                              actor_hidden_dim=16)])
+def test_a_seed_group_trained_with_cudagraphs_ends_as_the_eager_group(options, tmp_path):
+    """--num-seeds 2 --cudagraphs through the run harness: the group's update (its losses batched over the seeds with
+    vmap, uncompiled) recorded and replayed, each seed's final networks as the eager group's."""
+    tiny = dict(env_id="InvertedPendulum-v5", total_timesteps=150, learning_starts=100, batch_size=16,
+                hidden_sizes=(16, 16), eval_freq=0, eval_episodes=2, checkpoint_freq=150, device="cuda", quiet=True,
+                seed=4, num_seeds=2, **options)
+
+    def models(cudagraphs: bool) -> dict[int, SAC]:
+        runs = tmp_path / f"cudagraphs{cudagraphs}"
+        sac.train(SACConfig(**tiny, cudagraphs=cudagraphs, runs_dir=str(runs)))
+        return {json.loads((d / "config.json").read_text())["config"]["seed"]: SAC.load(d / "model.pt")
+                for d in Path(runs).iterdir()}
+
+    eager, captured = models(False), models(True)
+    for seed in (4, 5):
+        for name, value in eager[seed].state_dict().items():
+            torch.testing.assert_close(captured[seed].state_dict()[name], value, atol=1e-5, rtol=1e-5, msg=name)

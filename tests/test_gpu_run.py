@@ -87,6 +87,17 @@ def test_tiny_run_on_the_cpu_gives_the_speed_table_the_smoke_runs_and_the_learni
     assert (tmp_path / "gpu_curves.png").stat().st_size > 0
 
 
+def test_evidence_with_batch_seeds_runs_an_entrys_seeds_as_one_process_and_collects_each(tmp_path):
+    args = evidence.Args("run", runs_dir=tmp_path / "evidence", device="cpu", tiny=True, agents=("sac-scalar",),
+                         batch_seeds=True, commit_file=tmp_path / "commit.txt")
+    evidence.run(args)
+    evidence.collect(dataclasses.replace(args, action="collect", out=tmp_path / "results"))
+    learning = read(tmp_path / "results" / "learning.csv")
+    assert sorted({int(row["seed"]) for row in learning}) == [1, 2, 3]
+    run_dirs = sorted(tmp_path.glob("evidence/**/seeds.json"))  # a --num-seeds group's runs name each other
+    assert len(run_dirs) == 3 and len(json.loads(run_dirs[0].read_text())["runs"]) == 3
+
+
 def test_learning_table_compares_at_the_step_every_cell_reached():
     progress = [dict(grid="g", agent=agent, task="t", seed=seed, state="resume", last_step=last, last_evaluation=ev,
                      budget="100000") for agent, seed, last, ev in

@@ -33,6 +33,9 @@ TINY = dict(env_id="InvertedPendulum-v5", total_timesteps=150, learning_starts=1
 SIMBAV2 = dict(network="simbav2", critic_head="c51", num_bins=11, scale_rewards=True, normalize_obs=True,
                obs_clip=None, optimizer="adam", final_lr_fraction=0.5, critic_hidden_dim=16, actor_hidden_dim=16)
 """SimbaV2's preset at TINY's widths"""
+SIMBA = dict(network="simba", normalize_obs=True, obs_clip=None, optimizer="adamw", weight_decay=1e-2,
+             critic_hidden_dim=16, actor_hidden_dim=16)
+"""SimBa's preset at TINY's widths"""
 
 
 def recorded(monkeypatch, algo: str) -> tuple[dict[int, list], list]:
@@ -56,18 +59,22 @@ def recorded(monkeypatch, algo: str) -> tuple[dict[int, list], list]:
     return samples, updates
 
 
-@pytest.mark.parametrize("algo, options", [
-    ("sac", {}), ("td3", {}),
+@pytest.mark.parametrize("algo, options, rtol, atol", [
+    ("sac", {}, 1e-5, 1e-6), ("td3", {}, 1e-5, 1e-6),
+    # float32 rounding, which batched and single products do differently, grows through SimBa's LayerNorms, the
+    # actions and the environment to ~2e-5 in 50 updates (the preset's 2 updates per step, 100 updates, reach 5e-4
+    # relative: left out); a seed given another seed's noise, samples or statistics is off by far more
+    ("sac", SIMBA, 1e-4, 1e-4),
     # per-seed reward scales, weights projected back on the sphere per seed
-    ("sac", SIMBAV2), ("td3", SIMBAV2),
-    ("sac", {"critic_head": "hlgauss", "scale_rewards": True}),
+    ("sac", SIMBAV2, 1e-5, 1e-6), ("td3", SIMBAV2, 1e-5, 1e-6),
+    ("sac", {"critic_head": "hlgauss", "scale_rewards": True}, 1e-5, 1e-6),
 ])
-def test_each_seed_of_a_batched_run_trains_as_its_single_seed_run(algo, options, tmp_path, monkeypatch):
+def test_each_seed_of_a_batched_run_trains_as_its_single_seed_run(algo, options, rtol, atol, tmp_path, monkeypatch):
     agent_cls, config_cls, train = AGENTS[algo]
     samples, updates = recorded(monkeypatch, algo)
     group = train(config_cls(**TINY, **options, seed=4, num_seeds=3, runs_dir=str(tmp_path / "group")))
     group_samples, group_updates = list(samples.values()), list(updates)
-    assert len(group_samples) == 3 and len(group_updates) == 50
+    assert len(group_samples) == 3 and len(group_updates) == 50 * options.get("utd", 1)
     group_dirs = {json.loads((Path(d) / "config.json").read_text())["config"]["seed"]: Path(d)
                   for d in (tmp_path / "group").iterdir()}
     assert sorted(group_dirs) == [4, 5, 6] and group.run_dir == group_dirs[4]
@@ -79,14 +86,14 @@ def test_each_seed_of_a_batched_run_trains_as_its_single_seed_run(algo, options,
         # the same environment steps: episodes (InvertedPendulum counts steps) and the data sampled for the updates
         assert (group_dirs[seed] / "episodes.csv").read_text() == (single.run_dir / "episodes.csv").read_text()
         for group_batch, single_batch in zip(group_samples[i], single_samples, strict=True):
-            torch.testing.assert_close(group_batch.obs, single_batch.obs, rtol=1e-5, atol=1e-6)
-            torch.testing.assert_close(group_batch.actions, single_batch.actions, rtol=1e-5, atol=1e-6)
+            torch.testing.assert_close(group_batch.obs, single_batch.obs, rtol=rtol, atol=atol)
+            torch.testing.assert_close(group_batch.actions, single_batch.actions, rtol=rtol, atol=atol)
         for group_losses, single_losses in zip(group_updates, updates, strict=True):
             for name, value in single_losses.items():
-                torch.testing.assert_close(group_losses[name][i], value, rtol=1e-5, atol=1e-6, msg=name)
+                torch.testing.assert_close(group_losses[name][i], value, rtol=rtol, atol=atol, msg=name)
         grouped, alone = agent_cls.load(group_dirs[seed] / "model.pt"), agent_cls.load(single.run_dir / "model.pt")
         for (name, tensor), other in zip(grouped.state_dict().items(), alone.state_dict().values(), strict=True):
-            torch.testing.assert_close(tensor, other, rtol=1e-5, atol=1e-6, msg=name)
+            torch.testing.assert_close(tensor, other, rtol=rtol, atol=atol, msg=name)
         assert grouped.config.seed == seed and grouped.config.num_seeds == 3
 
 
@@ -273,7 +280,7 @@ def test_a_group_killed_while_checkpointing_resumes_every_seed_from_one_step(kil
 
 def test_refusals(tmp_path, capsys):
     cases = [(sac.train, sac.SACConfig, ["--num-seeds", "0"], "--num-seeds must be positive"),
-             (td3.train, td3.TD3Config, ["--num-seeds", "2", "--compile"], "drop --compile"),
+             (td3.train, td3.TD3Config, ["--num-seeds", "2", "--compile"], "drop --compile (on a GPU, --cudagraphs"),
              (sac_lag.train, sac_lag.SACLagConfig, ["--num-seeds", "2"], "SAC-Lag trains one seed per process")]
     for train, config_cls, args, message in cases:
         assert run_cli(train, config_cls, [*args, "--runs-dir", str(tmp_path), "--quiet"]) == 2

@@ -227,6 +227,7 @@ def validate_seed_group(config: Any) -> None:
         raise ValueError(f"--num-seeds must be positive, got {config.num_seeds}.")
     if config.num_seeds == 1:
         return
-    if config.compile or config.cudagraphs:
+    if config.compile:
         raise ValueError(f"--num-seeds {config.num_seeds} batches the seeds' losses with torch.func.vmap, which "
-                         f"keelrl runs eagerly: drop --compile/--cudagraphs, or run the seeds one per process.")
+                         f"keelrl runs uncompiled: drop --compile (on a GPU, --cudagraphs records the group's whole "
+                         f"update, its batched losses included), or run the seeds one per process.")

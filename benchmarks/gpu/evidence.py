@@ -4,6 +4,7 @@
     python -m keelrl.benchmarks.gpu.evidence collect --runs-dir /tmp/evidence --out RESULTS --wait-minutes 9
     python -m keelrl.benchmarks.gpu.evidence start --runs-dir R --tiny --device cpu   # here: 300 steps per cell
     python -m keelrl.benchmarks.gpu.evidence start --agents sac-scalar sac-simba --cudagraphs   # some cells, graphed
+    python -m keelrl.benchmarks.gpu.evidence start --cudagraphs --batch-seeds   # each entry's seeds in one process
 
 `start` launches `run` in its own session (setsid), so the cells outlive the command that started them while the
 machine is held; `run` is the leaderboard of both grids with one worker per cell. `collect` waits the given
@@ -59,6 +60,9 @@ class Args:
     cudagraphs: bool = False
     """the online (SAC) cells with --cudagraphs: each update replayed as one CUDA graph, losses compiled, several
     times eager's steps/s (benchmarks/results/gpu.md); CUDA only"""
+    batch_seeds: bool = False
+    """the seeds of each online entry as one --num-seeds process (the leaderboard's --batch-seeds): with
+    --cudagraphs, one graph replays the update of every seed, its losses batched and uncompiled"""
     commit_file: Path = Path(".gpu/commit.txt")
     """collect: where prepare.sh recorded the commit the cells run"""
 
@@ -89,7 +93,8 @@ def start(args: Args) -> None:
     args.runs_dir.mkdir(parents=True, exist_ok=True)
     command = [sys.executable, "-m", "keelrl.benchmarks.gpu.evidence", "run", "--runs-dir", str(args.runs_dir),
                "--device", args.device, "--datasets", str(args.datasets.resolve()), *(["--tiny"] if args.tiny else []),
-               *(["--agents", *args.agents] if args.agents else []), *(["--cudagraphs"] if args.cudagraphs else [])]
+               *(["--agents", *args.agents] if args.agents else []), *(["--cudagraphs"] if args.cudagraphs else []),
+               *(["--batch-seeds"] if args.batch_seeds else [])]
     with (args.runs_dir / LOG_NAME).open("a") as log:
         subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     print(f"started: {' '.join(command[1:])}; log in {args.runs_dir / LOG_NAME}")
@@ -97,7 +102,7 @@ def start(args: Args) -> None:
 
 def run(args: Args) -> None:
     os.environ["MINARI_DATASETS_PATH"] = str(args.datasets.resolve())
-    leaderboard.run_grids(grids(args), args.runs_dir, workers=len(cells(args)))
+    leaderboard.run_grids(grids(args), args.runs_dir, workers=len(cells(args)), batch_seeds=args.batch_seeds)
 
 
 def evaluations(cell: leaderboard.Cell) -> list[dict]:
