@@ -53,7 +53,7 @@ from keelrl.agents.sac import train as train_sac
 from keelrl.agents.harness.stopping import RunStopped
 from keelrl.buffers.offline import (
     D4RL_REF_SCORES,
-    default_data_path,
+    data_root,
     env_family,
     episode_returns,
     load_dataset,
@@ -202,7 +202,7 @@ class DatasetMaker:
         """Settle the medium return and the expert reference, refusing an env D4RL has no reference for where
         neither is given, before the work directory is made."""
         self.config = config
-        self.data_path = Path(config.data_path) if config.data_path else default_data_path()
+        self.data_path = data_root(config.data_path or None)
         self.work = Path(config.work_dir or Path("runs") / "make_datasets" / (config.env_id + "-quick" * config.quick))
         family = env_family(config.env_id)
         self.medium_return = float("inf") if config.quick else config.medium_return  # quick: SAC at sac_steps

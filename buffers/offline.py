@@ -65,8 +65,8 @@ def env_family(env_id: str) -> str:
 
 
 def default_data_path() -> Path:
-    """Minari's datasets root: $MINARI_DATASETS_PATH, else ~/.minari/datasets."""
-    return Path(os.environ.get("MINARI_DATASETS_PATH", Path.home() / ".minari" / "datasets"))
+    """Minari's datasets root: $MINARI_DATASETS_PATH, else ~/.minari/datasets (a leading ~ expanded)."""
+    return Path(os.environ.get("MINARI_DATASETS_PATH", Path.home() / ".minari" / "datasets")).expanduser()
 
 
 @contextlib.contextmanager
@@ -74,8 +74,7 @@ def minari_root(data_path: str | os.PathLike | None) -> Iterator[Path]:
     """Point Minari at `data_path` (Minari reads MINARI_DATASETS_PATH at each call) for the duration, made absolute:
     Minari joins a relative root onto itself when it writes a dataset (rel/keelrl/x/data/rel/keelrl/x/data/...)."""
     previous = os.environ.get("MINARI_DATASETS_PATH")
-    root = Path(data_path) if data_path is not None else default_data_path()
-    os.environ["MINARI_DATASETS_PATH"] = str(root.expanduser().absolute())
+    os.environ["MINARI_DATASETS_PATH"] = str(data_root(data_path).absolute())
     try:
         yield default_data_path()
     finally:
@@ -120,26 +119,28 @@ def load_dataset_with_info(
     return data, info
 
 
+def data_root(data_path: str | os.PathLike | None) -> Path:
+    """The Minari datasets root `data_path` names (a leading ~ expanded), else `default_data_path()`."""
+    return Path(data_path).expanduser() if data_path is not None else default_data_path()
+
+
 def minari_data_dir(source: str, data_path: str | os.PathLike | None) -> Path:
-    """The `data` directory of a Minari dataset given by id or by directory. FileNotFoundError for a path that is
-    there but holds no dataset, and for an id not found, suggesting the ids there close to it, else how to make it."""
-    path = Path(source)
-    for candidate in (path / "data", path):
+    """The `data` directory of a Minari dataset given by directory or by id (looked up under the data path).
+    FileNotFoundError for a path that is there but holds no dataset, and for an id not found, suggesting the ids
+    there close to it, else how to make it."""
+    path, root = Path(source), data_root(data_path)
+    for candidate in (path / "data", path, root / source / "data"):
         if (candidate / "metadata.json").is_file():
             return candidate
     if path.exists():
         raise FileNotFoundError(f"{source} is a {'directory' if path.is_dir() else 'file'} but not a dataset: give a "
                                 f"Minari dataset id, a Minari dataset directory (holding data/metadata.json) or a "
                                 f".hdf5/.npz file in the D4RL layout.")
-    root = Path(data_path) if data_path is not None else default_data_path()
-    data_dir = root / source / "data"
-    if not (data_dir / "metadata.json").is_file():
-        # ids share their namespace, kind and version: only a near-identical one is a likely typo
-        close = difflib.get_close_matches(source, dataset_ids(root), n=3, cutoff=0.85)
-        what_to_do = f"Did you mean {', '.join(map(repr, close))}?" if close else _how_to_make(source)
-        raise FileNotFoundError(f"No dataset {source!r}: looked for a Minari dataset in {root / source} "
-                                f"(set --data-path or MINARI_DATASETS_PATH to look elsewhere). {what_to_do}")
-    return data_dir
+    # ids share their namespace, kind and version: only a near-identical one is a likely typo
+    close = difflib.get_close_matches(source, dataset_ids(root), n=3, cutoff=0.85)
+    what_to_do = f"Did you mean {', '.join(map(repr, close))}?" if close else _how_to_make(source)
+    raise FileNotFoundError(f"No dataset {source!r}: looked for a Minari dataset in {root / source} "
+                            f"(set --data-path or MINARI_DATASETS_PATH to look elsewhere). {what_to_do}")
 
 
 def dataset_ids(root: Path) -> list[str]:

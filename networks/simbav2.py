@@ -311,4 +311,4 @@ class RewardScaler(nn.Module):
     def forward(self, rewards: torch.Tensor) -> torch.Tensor:
         """Scaled rewards (B,) (a seed group's (S, B), each seed's by its own denominator)."""
         denominator = self.denominator().to(rewards.dtype)
-        return rewards / denominator.view(*denominator.shape, *[1] * (rewards.dim() - denominator.dim()))
+        return rewards / denominator.reshape(denominator.shape + (1,) * (rewards.dim() - denominator.dim()))

@@ -44,7 +44,9 @@ def test_training_return_curves_average_each_run_per_bin_then_across_runs(tmp_pa
     ("cleanrl", "runs/Hopper-v5__*", "runs/Hopper-v5__*: not a run directory (a glob that matched nothing is "
                                       "passed on as written)"),
     ("keelrl", "runs/missing", "runs/missing: not a run directory (no such directory)"),
-    ("keelrl", "empty", "empty: no evaluation in its eval.csv"),
+    ("keelrl", "empty", "empty: no eval.csv and episodes.csv there (not a keelrl run directory)"),
+    ("keelrl", "unevaluated", "unevaluated: no evaluation in its eval.csv yet"),
+    ("keelrl", "notes.txt", "notes.txt: a file, not a run directory"),
     ("cleanrl", "empty", "empty: no charts/episodic_return in TensorBoard events there"),
 ])
 def test_summarize_runs_refuses_a_path_that_is_not_a_run_in_one_line_before_printing_a_table(group, path, expected,
@@ -52,10 +54,22 @@ def test_summarize_runs_refuses_a_path_that_is_not_a_run_in_one_line_before_prin
                                                                                           monkeypatch):
     monkeypatch.chdir(tmp_path)
     Path("empty").mkdir()
+    Path("notes.txt").write_text("")
     write_run(tmp_path / "good", 300.0, 0.0, [1.0])
+    write_run(tmp_path / "unevaluated", 0.0, 0.0, [1.0])
+    Path("unevaluated/eval.csv").write_text("global_step,mean_return,std_return,mean_cost,episodes\n")
     assert summarize_runs.main(["--keelrl", "good", f"--{group}", path]) == 2
     out, err = capsys.readouterr()
     assert out == "" and len(err.splitlines()) == 1 and err.startswith(f"error: --{group} {expected}"), err
+
+
+def test_summarize_runs_curves_of_runs_without_training_episodes_are_refused_before_the_table(tmp_path, capsys):
+    offline = write_run(tmp_path / "cql", 50.0, 0.0, [])  # an offline run: evaluations, no training episodes
+    assert summarize_runs.main(["--keelrl", str(offline)]) == 0  # the table alone is fine
+    assert "| cql | 2000 | 50.0 | 0.0 | nan | nan |" in capsys.readouterr().out
+    assert summarize_runs.main(["--keelrl", str(offline), "--curves", str(tmp_path / "c.png")]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err == "error: --curves: no training episodes to draw in cql\n"
 
 
 def test_summarize_runs_without_runs_says_what_to_give(capsys):
@@ -120,7 +134,8 @@ def test_the_seeds_speed_script_runs_both_ways_and_writes_its_table(tmp_path):
     assert (tmp_path / "seeds.md").read_text().splitlines()[-1] == lines[-1]
 
 
-def test_the_seeds_speed_script_stopped_by_sigterm_stops_its_runs_first(tmp_path):
+@pytest.mark.parametrize("when", ["as its run starts", "while its run trains"])
+def test_the_seeds_speed_script_stopped_by_sigterm_stops_its_runs_first(when, tmp_path):
     import os
     import signal
     import subprocess
@@ -135,6 +150,8 @@ def test_the_seeds_speed_script_stopped_by_sigterm_stops_its_runs_first(tmp_path
     while not children.read_text().split() and time.monotonic() < deadline:
         time.sleep(0.1)
     run_pid = int(children.read_text().split()[0])
+    if when == "while its run trains":  # its updates begin at step 500
+        time.sleep(5)
     script.send_signal(signal.SIGTERM)
     assert script.wait(timeout=60) == 128 + signal.SIGTERM
     with pytest.raises(ProcessLookupError):  # the run was stopped and waited for, not left running

@@ -91,12 +91,14 @@ def test_keelrl_writer_round_trip(tmp_path, pendulum_data):
     assert normalized_score(6.0, *reference_scores(info)) == pytest.approx(50.0)
 
 
+@pytest.mark.parametrize("root", ["rel/data", "~/data"])
 @pytest.mark.parametrize("given", ["argument", "environment"])
-def test_a_relative_data_path_is_written_and_read_where_it_points(given, tmp_path, pendulum_data, monkeypatch):
+def test_a_relative_data_path_is_written_and_read_where_it_points(root, given, tmp_path, pendulum_data, monkeypatch):
     monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HOME", str(tmp_path / "rel"))  # ~/data (not expanded by a shell: --data-path=~/data, TOML)
     if given == "environment":
-        monkeypatch.setenv("MINARI_DATASETS_PATH", "rel/data")
-    data_path = "rel/data" if given == "argument" else None
+        monkeypatch.setenv("MINARI_DATASETS_PATH", root)
+    data_path = root if given == "argument" else None
     path = write_minari_dataset("keelrl/pendulum-test-v0", pendulum_data, "InvertedPendulum-v5", data_path)
     # Minari given a relative root writes under rel/data/keelrl/pendulum-test-v0/data/rel/data/... and fails
     assert path == tmp_path / "rel/data/keelrl/pendulum-test-v0"

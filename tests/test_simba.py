@@ -297,6 +297,8 @@ def test_reward_scaler_by_hand():
     scaler.update(np.array([1.0]), np.array([False]))
     assert scaler.denominator().item() == pytest.approx(0.5)
     torch.testing.assert_close(scaler(torch.tensor([1.0, -3.0])), torch.tensor([2.0, -6.0]))
+    torch.testing.assert_close(scaler(torch.tensor(1.0)), torch.tensor(2.0))  # one reward
+    torch.testing.assert_close(scaler(torch.tensor([[1.0], [-3.0]])), torch.tensor([[2.0], [-6.0]]))  # (B, 1)
     # G = 0.5 * 1 + 2 = 2.5 (episode ends): G values {1, 2.5} have std 0.75; 2.5 / 2 = 1.25 wins
     scaler.update(np.array([2.0]), np.array([True]))
     assert scaler.denominator().item() == pytest.approx(1.25)

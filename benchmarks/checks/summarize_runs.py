@@ -66,21 +66,25 @@ def scalars(run_dir: Path, tag: str) -> list:
 
 def check_run_dir(run_dir: Path, group: str) -> None:
     """ValueError, in one line, for a --keelrl/--cleanrl path that is not a directory."""
-    if not run_dir.is_dir():
+    if run_dir.exists() and not run_dir.is_dir():
+        raise ValueError(f"--{group} {run_dir}: a file, not a run directory")
+    if not run_dir.exists():
         matched = "a glob that matched nothing is passed on as written" if "*" in str(run_dir) else "no such directory"
         raise ValueError(f"--{group} {run_dir}: not a run directory ({matched})")
 
 
 def summarize_keelrl(run_dir: Path, last_episodes: int) -> RunSummary:
     check_run_dir(run_dir, "keelrl")
-    evaluations = read_csv(run_dir / "eval.csv") if (run_dir / "eval.csv").is_file() else []
+    if not (run_dir / "eval.csv").is_file() or not (run_dir / "episodes.csv").is_file():
+        raise ValueError(f"--keelrl {run_dir}: no eval.csv and episodes.csv there (not a keelrl run directory)")
+    evaluations = read_csv(run_dir / "eval.csv")
     if not evaluations:
-        raise ValueError(f"--keelrl {run_dir}: no evaluation in its eval.csv (a run still before its first "
-                         "evaluation, or one run with --eval-freq 0)")
+        raise ValueError(f"--keelrl {run_dir}: no evaluation in its eval.csv yet (a run still before its first "
+                         "evaluation)")
     final = evaluations[-1]
     episodes = [(int(row["global_step"]), float(row["return"])) for row in read_csv(run_dir / "episodes.csv")]
     speeds = scalars(run_dir, "charts/SPS")
-    last_train = float(np.mean([r for _, r in episodes[-last_episodes:]]))
+    last_train = float(np.mean([r for _, r in episodes[-last_episodes:]])) if episodes else float("nan")  # offline
     return RunSummary(run_dir.name, float(final["mean_return"]), last_train, int(final["global_step"]),
                       float(final["mean_cost"]), speeds[-1].value if speeds else float("nan"), episodes)
 
@@ -91,8 +95,8 @@ def summarize_cleanrl(run_dir: Path, last_episodes: int) -> RunSummary:
     if not episodes:
         raise ValueError(f"--cleanrl {run_dir}: no charts/episodic_return in TensorBoard events there (not a "
                          "CleanRL run directory, or one before its first episode ended)")
-    final_eval = float(read_csv(run_dir / "eval.csv")[-1]["mean_return"]) if (run_dir / "eval.csv").is_file() \
-        else float("nan")
+    evaluations = read_csv(run_dir / "eval.csv") if (run_dir / "eval.csv").is_file() else []
+    final_eval = float(evaluations[-1]["mean_return"]) if evaluations else float("nan")
     if (run_dir / "summary.json").is_file():
         sps = json.loads((run_dir / "summary.json").read_text())["sps"]
     else:
@@ -170,6 +174,9 @@ def summarize(args: Args) -> None:
         groups["keelrl"] = [summarize_keelrl(d, args.last_episodes) for d in sorted(args.keelrl)]
     if args.cleanrl:
         groups["CleanRL"] = [summarize_cleanrl(d, args.last_episodes) for d in sorted(args.cleanrl)]
+    untrained = [run.name for runs in groups.values() for run in runs if not run.episodes]
+    if args.curves is not None and untrained:  # an offline run, or one before its first episode ended
+        raise ValueError(f"--curves: no training episodes to draw in {', '.join(untrained)}")
     print("\n\n".join(table(name, runs) for name, runs in groups.items()))
     if args.curves is not None:
         draw_curves(groups, args.bin, args.curves)

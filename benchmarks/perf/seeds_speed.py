@@ -14,6 +14,7 @@ seed table costs. `--out` writes the table as Markdown.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import re
 import shlex
@@ -22,6 +23,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import tyro
@@ -67,15 +69,16 @@ def update_rates(output: str) -> list[float]:
 
 def run_at_once(commands: list[list[str]], logs: Path) -> list[str]:
     """Run the commands at once and return each one's stdout; RuntimeError naming the first that failed. When this
-    process is stopped meanwhile (Ctrl-C, or SIGTERM, which `main` turns into SystemExit), the runs still going are
-    sent SIGTERM and waited for, not left behind."""
+    process is stopped meanwhile (Ctrl-C, or SIGTERM, which this module's `__main__` turns into SystemExit), the
+    runs still going are sent SIGTERM and waited for, not left behind."""
     outputs = [logs / f"{i}.out" for i in range(len(commands))]
     errors = [logs / f"{i}.err" for i in range(len(commands))]
     processes = []
     try:
         for command_line, output, error in zip(commands, outputs, errors):
-            with output.open("w") as stdout, error.open("w") as stderr:
-                processes.append(subprocess.Popen(command_line, stdout=stdout, stderr=stderr, text=True))
+            with output.open("w") as stdout, error.open("w") as stderr, stop_signals_held():
+                processes.append(subprocess.Popen(command_line, stdout=stdout, stderr=stderr, text=True,
+                                                  preexec_fn=release_stop_signals))
         for process in processes:
             process.wait()
     finally:
@@ -89,6 +92,25 @@ def run_at_once(commands: list[list[str]], logs: Path) -> list[str]:
             raise RuntimeError(f"a run failed (exit {process.returncode}): {shlex.join(process.args)}\n"
                                + "\n".join(error.read_text().strip().splitlines()[-5:]))
     return [output.read_text() for output in outputs]
+
+
+STOP_SIGNALS = {signal.SIGTERM, signal.SIGINT}
+
+
+@contextlib.contextmanager
+def stop_signals_held() -> Iterator[None]:
+    """SIGTERM and Ctrl-C held back while a run starts (they arrive on leaving): a stop between the fork and
+    Popen's return would leave a run nobody knows of."""
+    signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
+
+
+def release_stop_signals() -> None:
+    """In the started run, before it executes: the signals the parent held are the run's to receive."""
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
 
 
 def batched(args: Args, num_seeds: int) -> float:
