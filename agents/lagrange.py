@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-from collections.abc import Callable
 from typing import Any, Literal
 
 import numpy as np
@@ -51,7 +50,7 @@ from torch import nn
 from keelrl.agents.harness.options import require_non_negative
 from keelrl.buffers import Batch
 from keelrl.envs.safety import require_cost_task
-from keelrl.networks import build_critic, loss_function, make_optimizer, optimizer_step, soft_update
+from keelrl.networks import build_critic, make_optimizer, optimizer_step, soft_update
 
 
 @dataclasses.dataclass
@@ -83,9 +82,6 @@ def validate_lagrange(config: LagrangeOptions, agent: str) -> None:
         raise ValueError(f"--cost-limit must be a non-negative number (the largest allowed episode cost; 0 allows "
                          f"no unsafe step), got {config.cost_limit}.")
     require_non_negative(config, "lambda_init", "lambda_lr", "pid_kp", "pid_ki", "pid_kd", "lambda_warmup")
-    if getattr(config, "num_seeds", 1) != 1:  # SAC's and TD3's option, inherited by their Lagrangian configs
-        raise ValueError(f"--num-seeds {config.num_seeds}: {agent} trains one seed per process; run the seeds as "
-                         f"separate processes (the leaderboard does).")
     require_cost_task(config.env_id, config.env_backend, agent)
 
 
@@ -97,13 +93,21 @@ class Multiplier(nn.Module):
         self.cost_limit, self.warmup = cost_limit, warmup
         self.register_buffer("value", torch.tensor(float(init)))
 
-    def observe(self, episode_costs: np.ndarray, global_step: int) -> None:
+    def observe(self, episode_costs: np.ndarray | list[np.ndarray], global_step: int) -> None:
         """One λ step on the mean undiscounted cost of the training episodes that ended at this vector-env step
-        (the only place λ changes), unless global_step <= the warm-up."""
-        if global_step > self.warmup:
-            self.update(float(np.mean(episode_costs)))
+        (the only place λ changes), unless none ended or global_step <= the warm-up. Stacked for a seed group
+        (keelrl.networks.seeds), every state tensor has a leading seed axis and `episode_costs` is one array per
+        seed: each seed's λ steps on its own episodes."""
+        if global_step <= self.warmup:
+            return
+        single = self.value.dim() == 0
+        for seed, costs in zip([()] if single else range(len(episode_costs)), [episode_costs] if single else
+                               episode_costs):
+            if len(costs):
+                self.update(float(np.mean(costs)), seed)
 
-    def update(self, episode_cost: float) -> None:
+    def update(self, episode_cost: float, seed: int | tuple[()] = ()) -> None:
+        """One step of λ (a seed group's: of seed `seed`'s) on the mean cost J_c of a batch of episodes."""
         raise NotImplementedError
 
 
@@ -116,8 +120,9 @@ class GradientMultiplier(Multiplier):
         super().__init__(cost_limit, init, warmup)
         self.lr = lr
 
-    def update(self, episode_cost: float) -> None:
-        self.value.copy_((self.value + self.lr * (episode_cost - self.cost_limit)).clamp(min=0.0))
+    def update(self, episode_cost: float, seed: int | tuple[()] = ()) -> None:
+        value = self.value[seed]
+        value.copy_((value + self.lr * (episode_cost - self.cost_limit)).clamp(min=0.0))
 
 
 class PIDMultiplier(Multiplier):
@@ -144,13 +149,14 @@ class PIDMultiplier(Multiplier):
         # calls so far (0: no J_c,previous yet); a NaN previous_cost would read as diverged weights at a checkpoint
         self.register_buffer("calls", torch.zeros((), dtype=torch.int64))
 
-    def update(self, episode_cost: float) -> None:
+    def update(self, episode_cost: float, seed: int | tuple[()] = ()) -> None:
+        integral, previous_cost, calls = self.integral[seed], self.previous_cost[seed], self.calls[seed]
         error = episode_cost - self.cost_limit
-        self.integral.copy_((self.integral + self.ki * error).clamp(min=0.0))
-        rise = 0.0 if self.calls == 0 else max(0.0, episode_cost - float(self.previous_cost))
-        self.value.copy_((self.kp * error + self.integral + self.kd * rise).clamp(min=0.0))
-        self.previous_cost.fill_(episode_cost)
-        self.calls += 1
+        integral.copy_((integral + self.ki * error).clamp(min=0.0))
+        rise = 0.0 if calls == 0 else max(0.0, episode_cost - float(previous_cost))
+        self.value[seed].copy_((self.kp * error + integral + self.kd * rise).clamp(min=0.0))
+        previous_cost.fill_(episode_cost)
+        calls += 1
 
 
 class AdamMultiplier(Multiplier):
@@ -168,14 +174,16 @@ class AdamMultiplier(Multiplier):
         for name in ("exp_avg", "exp_avg_sq", "steps"):
             self.register_buffer(name, torch.zeros((), dtype=torch.float64))
 
-    def update(self, episode_cost: float) -> None:
+    def update(self, episode_cost: float, seed: int | tuple[()] = ()) -> None:
+        value, steps, exp_avg, exp_avg_sq = (self.value[seed], self.steps[seed], self.exp_avg[seed],
+                                             self.exp_avg_sq[seed])
         gradient = self.cost_limit - episode_cost  # d/dλ of −λ (J_c − d)
-        self.steps += 1
-        self.exp_avg.mul_(self.BETA1).add_((1 - self.BETA1) * gradient)
-        self.exp_avg_sq.mul_(self.BETA2).add_((1 - self.BETA2) * gradient**2)
-        bias1, bias2 = 1 - self.BETA1**self.steps, 1 - self.BETA2**self.steps
-        step = self.lr / bias1 * self.exp_avg / (self.exp_avg_sq.sqrt() / bias2.sqrt() + self.EPS)
-        self.value.copy_((self.value - step).clamp(min=0.0))
+        steps += 1
+        exp_avg.mul_(self.BETA1).add_((1 - self.BETA1) * gradient)
+        exp_avg_sq.mul_(self.BETA2).add_((1 - self.BETA2) * gradient**2)
+        bias1, bias2 = 1 - self.BETA1**steps, 1 - self.BETA2**steps
+        step = self.lr / bias1 * exp_avg / (exp_avg_sq.sqrt() / bias2.sqrt() + self.EPS)
+        value.copy_((value - step).clamp(min=0.0))
 
 
 def build_multiplier(config: LagrangeOptions) -> Multiplier:
@@ -191,9 +199,10 @@ class CostCritic(nn.Module):
     """The cost critic a Lagrangian agent adds to its base: an ensemble with the reward critic's architecture and
     one output per member, Q_c(s, a) (E, B), its Polyak-averaged target and its optimiser (learning rate `lr`).
 
-    Each `step` regresses every member onto c + γ(1 − terminated) Q_c,target(s', a'), the target's ensemble mean,
-    with a' from the agent's `next_actions(s')` (SAC-Lag: a' ~ π(·|s'); TD3-Lag: the smoothed target action),
-    then moves the target by τ."""
+    Its `loss` regresses every member onto c + γ(1 − terminated) Q_c,target(s', a'), the target's ensemble mean,
+    with a' the agent's next actions (SAC-Lag: a' ~ π(·|s'); TD3-Lag: the smoothed target action); the agent
+    computes it through its own loss function (one batched pass for a seed group, compiled where asked), and
+    `step` takes the optimiser step on it, then moves the target by τ."""
 
     def __init__(self, config: Any, obs_dim: int, action_dim: int, lr: float):
         super().__init__()
@@ -203,27 +212,36 @@ class CostCritic(nn.Module):
         self.polyak_target, self.polyak_online = list(self.target.parameters()), list(self.critic.parameters())
         self.optimizer = make_optimizer(list(self.critic.parameters()), config.optimizer, lr, config.weight_decay)
         self.tau = config.tau
-        self._loss = loss_function(self.loss, config.precision, config.device, config.compile, config.cudagraphs)
 
     def forward(self, obs: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
         """The ensemble's mean cost value (B,): what the Lagrangian actor loss weighs by λ."""
         return self.critic(obs, actions).squeeze(-1).mean(dim=0)  # (E, B, 1) -> (B,)
 
-    def loss(self, batch: Batch, next_actions: Callable[[torch.Tensor], torch.Tensor]
-             ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Every member's squared error against the target, summed, and the members' outputs (E, B)."""
+    def loss(self, batch: Batch, next_actions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Every member's squared error against the target with a' = `next_actions` (B, A), summed, and the
+        members' outputs (E, B)."""
         with torch.no_grad():
-            next_cost_q = self.target(batch.next_obs, next_actions(batch.next_obs)).squeeze(-1).mean(dim=0)  # (B,)
+            next_cost_q = self.target(batch.next_obs, next_actions).squeeze(-1).mean(dim=0)  # (B,)
             target = batch.costs + batch.discounts * (1.0 - batch.terminated) * next_cost_q
         cost_q = self.critic(batch.obs, batch.actions).squeeze(-1)  # (E, B, 1) -> (E, B)
         return (cost_q - target).pow(2).mean(dim=1).sum(), cost_q.detach()
 
-    def step(self, batch: Batch, next_actions: Callable[[torch.Tensor], torch.Tensor]) -> dict[str, torch.Tensor]:
-        """One optimiser step of the members, then the target follows by Polyak averaging."""
-        cost_loss, cost_q = self._loss(batch, next_actions)
+    def step(self, cost_loss: torch.Tensor, cost_q: torch.Tensor) -> dict[str, torch.Tensor]:
+        """One optimiser step on `loss`'s outputs (a seed group's: (S,) and (S, E, B)), then the target follows by
+        Polyak averaging."""
         optimizer_step(self.optimizer, cost_loss, self.critic)
         soft_update(self.polyak_target, self.polyak_online, self.tau)
-        return {"losses/cost_qf_loss": cost_loss.detach() / cost_q.shape[0], "losses/cost_qf_values": cost_q.mean()}
+        return {"losses/cost_qf_loss": cost_loss.detach() / cost_q.shape[-2],
+                "losses/cost_qf_values": cost_q.flatten(-2).mean(-1)}
+
+
+def final_cost_lines(run: Any, cost_limit: float) -> list[str]:
+    """The line a constrained run ends with: its final evaluation's episode cost beside the limit (`run`: a `Run`
+    whose final evaluation is done)."""
+    costs = run.final_evaluation[1]
+    verdict = "met" if costs.mean() <= cost_limit else "NOT met"
+    return [f"final evaluation cost over {len(costs)} episodes: {costs.mean():.1f} ± {costs.std():.1f} "
+            f"(cost limit {cost_limit:g}: {verdict})"]
 
 
 def lagrangian_actor_loss(reward_loss: torch.Tensor, cost_q: torch.Tensor, lam: torch.Tensor) -> torch.Tensor:

@@ -39,7 +39,7 @@ from torch import nn
 
 from keelrl.agents.harness.loop import Run, TrainResult
 from keelrl.agents.harness.options import evaluation_seed, run_cli
-from keelrl.agents.lagrange import LagrangeOptions, build_multiplier, validate_lagrange
+from keelrl.agents.lagrange import LagrangeOptions, build_multiplier, final_cost_lines, validate_lagrange
 from keelrl.agents.ppo import PPO, PPOConfig, check_action_space, evaluate, go_on_with_the_rollout, resolve
 from keelrl.agents.ppo import validate as validate_ppo
 from keelrl.buffers.rollout import RolloutBuffer, as_flat_tensors, gae
@@ -162,10 +162,7 @@ def train(config: PPOLagConfig) -> TrainResult:
                 run.log(agent.update(rollout, policy.values(agent.standardized(obs))))
                 rollout.clear()
                 policy = agent.rollout_policy()
-    costs = run.final_evaluation[1]
-    verdict = "met" if costs.mean() <= config.cost_limit else "NOT met"
-    return run.result(f"final evaluation cost over {len(costs)} episodes: {costs.mean():.1f} ± {costs.std():.1f} "
-                      f"(cost limit {config.cost_limit:g}: {verdict})")
+    return run.result(*final_cost_lines(run, config.cost_limit))
 
 
 if __name__ == "__main__":

@@ -11,7 +11,8 @@ The algorithm, top to bottom (what differs from agents/sac.py is all in this fil
 - λ >= 0 steps on (mean cost − `cost_limit`) of the training episodes that end at a vector-env step,
   once per such step and never on the gradient updates in between (gradient or PID; agents/lagrange.py
   gives the exact rule and how it differs from OmniSafe's);
-- the loop is SAC's, with each step's cost stored in the replay buffer and finished episodes' costs fed to λ.
+- the loop is SAC's, with each step's cost stored in the replay buffer and finished episodes' costs fed to λ;
+  `--num-seeds` trains several seeds as one batched network, each with its own cost critic and λ, as SAC does.
 The task must report `info["cost"]` (keelrl/Safe*Velocity-v1, or an env in keelrl.envs.CostWrapper).
 """
 
@@ -22,16 +23,17 @@ import dataclasses
 import numpy as np
 import torch
 
-from keelrl.agents.harness.loop import Run, TrainResult
+from keelrl.agents.harness.loop import TrainResult
 from keelrl.agents.harness.options import evaluation_seed, run_cli
-from keelrl.agents.lagrange import CostCritic, LagrangeOptions, build_multiplier, validate_lagrange
+from keelrl.agents.harness.seeds import SeedRuns
+from keelrl.agents.lagrange import CostCritic, LagrangeOptions, build_multiplier, final_cost_lines, validate_lagrange
 from keelrl.agents.lagrange import lagrangian_actor_loss
 from keelrl.agents.sac import SAC, SACConfig, evaluate, resolve
 from keelrl.agents.sac import validate as validate_sac
 from keelrl.buffers import Batch, ReplayBuffer
 from keelrl.envs import make_vec_env, require_box_actions
 from keelrl.envs.video import gym_video
-from keelrl.networks import frozen
+from keelrl.networks import frozen, loss_function
 
 ALGO = "sac_lag"
 __all__ = ["SACLag", "SACLagConfig", "train", "evaluate"]
@@ -59,6 +61,8 @@ class SACLag(SAC):
         self.cost = CostCritic(config, obs_dim, len(action_low), config.q_lr)
         self.optimizers["cost_critic"] = self.cost.optimizer
         self.lagrange = build_multiplier(config)
+        self._cost_loss = loss_function(self.cost_loss, config.precision, config.device, config.compile,
+                                        config.cudagraphs, seeds_of=self)
 
     @property
     def lagrange_multiplier(self) -> torch.Tensor:
@@ -68,8 +72,16 @@ class SACLag(SAC):
         """SAC's update (with the Lagrangian actor loss below), then one cost critic step on a' ~ π(·|s') of the
         actor this update left."""
         losses = super().learn(batch)
-        losses.update(self.cost.step(batch, lambda next_obs: self.actor.sample(next_obs)[0]))
+        noise = self.random.normal(*batch.rewards.shape[-1:], self.action_low.shape[-1])
+        cost_loss, cost_q = self._cost_loss(batch, noise)  # a seed group: (S,), (S, E, B)
+        losses.update(self.cost.step(cost_loss, cost_q))
         return {**losses, "losses/lagrange_multiplier": self.lagrange.value.clone()}
+
+    def cost_loss(self, batch: Batch, noise: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The cost critic's loss and values (`CostCritic.loss`) with a' ~ π(·|s') drawn with `noise` (B, A)."""
+        with torch.no_grad():
+            next_actions = self.actor.sample(batch.next_obs, noise)[0]
+        return self.cost.loss(batch, next_actions)
 
     def actor_loss(self, obs: torch.Tensor, noise: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(α log π(a|s) − min Q_r(s, a) + λ Q_c(s, a)) / (1 + λ), a ~ π(·|s) drawn with `noise`, and the detached
@@ -86,21 +98,25 @@ class SACLag(SAC):
 
 def train(config: SACLagConfig) -> TrainResult:
     """SAC's loop with costs: stored per step, fed to λ per batch of finished episodes; the final evaluation
-    cost is reported beside the limit."""
-    run = Run(resolve(config) if config.resume is None else config, ALGO, validate, total="total_timesteps")
+    cost is reported beside the limit (each seed of --num-seeds in its own run directory; the first seed's result
+    is returned)."""
+    run = SeedRuns(resolve(config) if config.resume is None else config, ALGO, validate, total="total_timesteps")
     config = run.config
-    env = make_vec_env(config.env_id, config.num_envs, config.seed + run.step, config.env_backend)
+    env = run.group(lambda seed: make_vec_env(config.env_id, config.num_envs, seed + run.step, config.env_backend))
     require_box_actions(env, "SAC-Lag")
     obs_dim = int(np.prod(env.single_observation_space.shape))
     low, high = env.single_action_space.low, env.single_action_space.high
-    agent = SACLag(obs_dim, low, high, config).to(config.device)
-    buffer = ReplayBuffer(config.buffer_size, (obs_dim,), low.shape, config.num_envs, config.device, config.n_step,
-                          config.gamma, store_cost=True, seed=config.seed)
-    action_rng = np.random.default_rng(config.seed)
-    eval_seed = evaluation_seed(config.seed, config.eval_episodes)  # evaluation episode i is seeded eval_seed + i
-    run.start(config.env_id, agent, evaluate=lambda: evaluate(agent, config.env_id, config.eval_episodes, eval_seed),
-              numpy_rng=action_rng, replay=buffer,
-              video=gym_video(config.env_id, lambda obs: agent.act(obs, deterministic=True), eval_seed))
+    agent = run.agent(lambda: SACLag(obs_dim, low, high, config)).to(config.device)  # a seed axis for several seeds
+    buffer = run.group(lambda seed: ReplayBuffer(config.buffer_size, (obs_dim,), low.shape, config.num_envs,
+                                                 config.device, config.n_step, config.gamma, store_cost=True,
+                                                 seed=seed))
+    action_rng = run.numpy_rng()
+    # evaluation episode i of a seed is seeded evaluation_seed(seed, eval_episodes) + i
+    run.start(config.env_id, agent, numpy_rng=action_rng, replay=buffer,
+              evaluate=lambda agent, seed: evaluate(agent, config.env_id, config.eval_episodes,
+                                                    evaluation_seed(seed, config.eval_episodes)),
+              video=lambda agent, seed: gym_video(config.env_id, lambda obs: agent.act(obs, deterministic=True),
+                                                  evaluation_seed(seed, config.eval_episodes)))
     if run.resumed and agent.reward_scaler is not None:
         agent.reward_scaler.reset_returns()  # the return trace of the interrupted episodes
 
@@ -110,6 +126,7 @@ def train(config: SACLagConfig) -> TrainResult:
             if config.normalize_obs:
                 agent.obs_norm.update(torch.as_tensor(obs))
             if global_step < config.learning_starts:
+                # (N, A); a seed group's generators draw one (N, A) block per seed: (S, N, A)
                 actions = action_rng.uniform(low, high, (config.num_envs, *low.shape)).astype(np.float32)
             else:
                 actions = agent.act(obs)
@@ -118,16 +135,11 @@ def train(config: SACLagConfig) -> TrainResult:
             if agent.reward_scaler is not None:
                 agent.reward_scaler.update(rewards, terminated | truncated)
             obs = next_obs
-            episode_costs = run.record_episodes(info)
-            if len(episode_costs):
-                agent.lagrange.observe(episode_costs, run.step)
+            agent.lagrange.observe(run.record_episodes(info), run.step)  # the costs of the episodes just ended
             if global_step >= config.learning_starts:
                 for _ in range(config.num_envs * config.utd):
                     run.log(agent.update(buffer.sample(config.batch_size)))
-    costs = run.final_evaluation[1]
-    verdict = "met" if costs.mean() <= config.cost_limit else "NOT met"
-    return run.result(f"final evaluation cost over {len(costs)} episodes: {costs.mean():.1f} ± {costs.std():.1f} "
-                      f"(cost limit {config.cost_limit:g}: {verdict})")
+    return run.result(lambda seed_run: final_cost_lines(seed_run, config.cost_limit))
 
 
 if __name__ == "__main__":

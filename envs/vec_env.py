@@ -354,8 +354,8 @@ def require_box_actions(env: VecEnv, agent: str) -> None:
 
 class SeedEnvs:
     """The vector envs of S seeds stepped as one (several seeds trained in one process): arrays gain a leading seed
-    axis, (S, num_envs, ...), and `info` holds the true final observations stacked ("final_obs") and each seed's own
-    info ("seeds")."""
+    axis, (S, num_envs, ...), and `info` holds the true final observations stacked ("final_obs"), on a task with a
+    cost the step costs stacked ("cost"), and each seed's own info ("seeds")."""
 
     def __init__(self, envs: list[VecEnv]):
         self.envs = envs
@@ -371,8 +371,10 @@ class SeedEnvs:
         steps = [env.step(seed_actions) for env, seed_actions in zip(self.envs, actions)]
         next_obs, rewards, terminated, truncated = (np.stack([step[k] for step in steps]) for k in range(4))
         infos = [step[4] for step in steps]
-        return next_obs, rewards, terminated, truncated, {"final_obs": np.stack([i["final_obs"] for i in infos]),
-                                                         "seeds": infos}
+        info = {"final_obs": np.stack([i["final_obs"] for i in infos]), "seeds": infos}
+        if "cost" in infos[0]:
+            info["cost"] = np.stack([i["cost"] for i in infos])
+        return next_obs, rewards, terminated, truncated, info
 
     def close(self) -> None:
         for env in self.envs:

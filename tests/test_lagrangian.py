@@ -9,10 +9,12 @@ import pytest
 import torch
 
 from keelrl.agents import sac, sac_lag, td3_lag
-from keelrl.agents.lagrange import GradientMultiplier, PIDMultiplier, lagrangian_actor_loss
+from keelrl.agents.lagrange import GradientMultiplier, LagrangeOptions, PIDMultiplier, build_multiplier
+from keelrl.agents.lagrange import lagrangian_actor_loss
 from keelrl.agents.sac_lag import SACLag, SACLagConfig
 from keelrl.agents.td3_lag import TD3Lag, TD3LagConfig
 from keelrl.envs import CostWrapper
+from keelrl.networks.seeds import stack_seeds
 
 OBS_DIM, ACTION_DIM = 5, 2  # as the fixed_batch fixture in conftest.py
 
@@ -120,6 +122,28 @@ def test_warmup_and_episode_costs_reach_the_multiplier():
     assert make_sac_lag(multiplier="pid").lagrange.__class__ is PIDMultiplier
 
 
+@pytest.mark.parametrize("multiplier", ["gradient", "pid", "adam"])
+def test_a_seed_groups_multipliers_each_step_on_their_own_seeds_episodes(multiplier):
+    """Stacked for --num-seeds: each seed's λ (and PID integral, previous cost, Adam moments and step count) moves
+    as a single multiplier given that seed's batches of episode costs, and not at all at a step where none of its
+    episodes ended."""
+    options = LagrangeOptions(multiplier=multiplier, cost_limit=5.0, lambda_lr=0.1, lambda_warmup=10)
+    rng = np.random.default_rng(0)
+    # per step, each of 2 seeds: the costs of its episodes that ended (often none)
+    steps = [[rng.uniform(0, 12, rng.integers(0, 3)) for _ in range(2)] for _ in range(40)]
+    group = stack_seeds(lambda: build_multiplier(options), [1, 2])
+    singles = [build_multiplier(options) for _ in range(2)]
+    for step, costs in enumerate(steps):
+        group.observe(costs, global_step=step)
+        for single, seed_costs in zip(singles, costs):
+            if len(seed_costs):
+                single.observe(seed_costs, global_step=step)
+    for k, single in enumerate(singles):
+        for name, tensor in single.state_dict().items():
+            torch.testing.assert_close(group.state_dict()[name][k], tensor, msg=name)
+    assert group.value[0] != group.value[1] and group.value.max() > 0
+
+
 def test_lagrangian_actor_loss_is_rescaled_by_one_plus_lambda():
     reward_loss = torch.tensor([1.0, -2.0, 4.0])
     cost_q = torch.tensor([0.5, 3.0, 0.0])
@@ -189,7 +213,7 @@ def test_cost_critic_loss_falls_on_a_fixed_batch(agent_cls, config_cls, cost_bat
     assert target_moved  # the target follows by Polyak averaging, not by copying
     # one more cost step by hand: θ_c' ← θ_c' + 0.005 (θ_c − θ_c'), θ_c right after the step
     target_before = [p.detach().double().clone() for p in agent.cost.target.parameters()]
-    agent.cost.step(cost_batch, lambda next_obs: next_actions)
+    agent.cost.step(*agent.cost.loss(cost_batch, next_actions))
     for before, target, online in zip(target_before, agent.cost.target.parameters(),
                                       agent.cost.critic.parameters()):
         torch.testing.assert_close(target.double(), before + 0.005 * (online.detach().double() - before),
@@ -226,10 +250,12 @@ def test_lambda_steps_once_per_batch_of_finished_episodes_and_never_on_other_upd
             super().__init__(*args, **kwargs)
             observe = self.lagrange.observe
 
-            def recording_observe(episode_costs, global_step):
+            def recording_observe(episode_costs, global_step):  # called at every step: a batch where any ended
                 before = self.lagrange_multiplier.item()
                 observe(episode_costs, global_step)
-                events.append(("episodes", global_step, list(episode_costs), before, self.lagrange_multiplier.item()))
+                if len(episode_costs):
+                    events.append(("episodes", global_step, list(episode_costs), before,
+                                   self.lagrange_multiplier.item()))
 
             self.lagrange.observe = recording_observe
 

@@ -1,7 +1,7 @@
-"""--num-seeds: S seeds of SAC or TD3 trained in one process as one batched network. Seed i trains as a run of seed
-i alone (same environment seeds, replay samples, noise; losses and weights equal to float tolerance), keeps its
-own α and observation statistics, and lives in a run directory of its own that loads, evaluates and resumes as a
-single run's."""
+"""--num-seeds: S seeds of SAC, TD3 or their Lagrangian forms trained in one process as one batched network. Seed i
+trains as a run of seed i alone (same environment seeds, replay samples, noise; losses and weights equal to float
+tolerance), keeps its own α, λ, reward scale and observation statistics, and lives in a run directory of its own
+that loads, evaluates and resumes as a single run's."""
 
 from __future__ import annotations
 
@@ -11,21 +11,25 @@ import subprocess
 import sys
 from pathlib import Path
 
+import gymnasium as gym
 import numpy as np
 import pytest
 import torch
 
-from keelrl.agents import sac, sac_lag, td3
+from keelrl.agents import sac, sac_lag, td3, td3_lag
 from keelrl.agents.harness import loop
 from keelrl.agents.harness.checkpoints import CHECKPOINT_FILE, NEXT_CHECKPOINT_FILE, saved_step
 from keelrl.agents.harness.options import run_cli
 from keelrl.agents.harness.seeds import SEEDS_FILE, SeedView
 from keelrl.buffers import Batch, ReplayBuffer
+from keelrl.envs import CostWrapper
 from keelrl.evaluate import EvaluateConfig, evaluate_saved
 from keelrl.networks.seeds import stack_seeds
 
 REPO = Path(__file__).resolve().parents[1]
-AGENTS = {"sac": (sac.SAC, sac.SACConfig, sac.train), "td3": (td3.TD3, td3.TD3Config, td3.train)}
+AGENTS = {"sac": (sac.SAC, sac.SACConfig, sac.train), "td3": (td3.TD3, td3.TD3Config, td3.train),
+          "sac_lag": (sac_lag.SACLag, sac_lag.SACLagConfig, sac_lag.train),
+          "td3_lag": (td3_lag.TD3Lag, td3_lag.TD3LagConfig, td3_lag.train)}
 TINY = dict(env_id="InvertedPendulum-v5", total_timesteps=150, learning_starts=100, batch_size=16,
             hidden_sizes=(16, 16), buffer_size=1_000, eval_freq=0, eval_episodes=2, checkpoint_freq=150, log_freq=10,
             threads=1, quiet=True)
@@ -36,6 +40,12 @@ SIMBAV2 = dict(network="simbav2", critic_head="c51", num_bins=11, scale_rewards=
 SIMBA = dict(network="simba", normalize_obs=True, obs_clip=None, optimizer="adamw", weight_decay=1e-2,
              critic_hidden_dim=16, actor_hidden_dim=16)
 """SimBa's preset at TINY's widths"""
+gym.register("keelrl_test/PendulumCost-v0",
+             entry_point=lambda: CostWrapper(gym.make("InvertedPendulum-v5").unwrapped, lambda a, o, i: float(a[0] > 0)),
+             max_episode_steps=1000)
+LAG = dict(env_id="keelrl_test/PendulumCost-v0", cost_limit=2.0, lambda_lr=0.05)
+"""InvertedPendulum costing 1 a step for a positive action: each seed's episodes cost differently, so each λ moves
+its own way"""
 
 
 def recorded(monkeypatch, algo: str) -> tuple[dict[int, list], list]:
@@ -68,11 +78,13 @@ def recorded(monkeypatch, algo: str) -> tuple[dict[int, list], list]:
     # per-seed reward scales, weights projected back on the sphere per seed
     ("sac", SIMBAV2, 1e-5, 1e-6), ("td3", SIMBAV2, 1e-5, 1e-6),
     ("sac", {"critic_head": "hlgauss", "scale_rewards": True}, 1e-5, 1e-6),
+    # a cost critic and λ per seed, λ stepped on each seed's own episodes
+    ("sac_lag", LAG, 1e-5, 1e-6), ("td3_lag", dict(LAG, multiplier="pid"), 1e-5, 1e-6),
 ])
 def test_each_seed_of_a_batched_run_trains_as_its_single_seed_run(algo, options, rtol, atol, tmp_path, monkeypatch):
     agent_cls, config_cls, train = AGENTS[algo]
     samples, updates = recorded(monkeypatch, algo)
-    group = train(config_cls(**TINY, **options, seed=4, num_seeds=3, runs_dir=str(tmp_path / "group")))
+    group = train(config_cls(**{**TINY, **options}, seed=4, num_seeds=3, runs_dir=str(tmp_path / "group")))
     group_samples, group_updates = list(samples.values()), list(updates)
     assert len(group_samples) == 3 and len(group_updates) == 50 * options.get("utd", 1)
     group_dirs = {json.loads((Path(d) / "config.json").read_text())["config"]["seed"]: Path(d)
@@ -81,7 +93,7 @@ def test_each_seed_of_a_batched_run_trains_as_its_single_seed_run(algo, options,
     for i, seed in enumerate((4, 5, 6)):
         samples.clear()
         updates.clear()
-        single = train(config_cls(**TINY, **options, seed=seed, runs_dir=str(tmp_path / f"single{seed}")))
+        single = train(config_cls(**{**TINY, **options}, seed=seed, runs_dir=str(tmp_path / f"single{seed}")))
         (single_samples,) = samples.values()
         # the same environment steps: episodes (InvertedPendulum counts steps) and the data sampled for the updates
         assert (group_dirs[seed] / "episodes.csv").read_text() == (single.run_dir / "episodes.csv").read_text()
@@ -95,6 +107,9 @@ def test_each_seed_of_a_batched_run_trains_as_its_single_seed_run(algo, options,
         for (name, tensor), other in zip(grouped.state_dict().items(), alone.state_dict().values(), strict=True):
             torch.testing.assert_close(tensor, other, rtol=rtol, atol=atol, msg=name)
         assert grouped.config.seed == seed and grouped.config.num_seeds == 3
+    if algo.endswith("_lag"):  # each seed's λ went its own way
+        multipliers = [agent_cls.load(group_dirs[seed] / "model.pt").lagrange_multiplier.item() for seed in (4, 5, 6)]
+        assert len(set(multipliers)) == 3 and max(multipliers) > 0
 
 
 def test_a_group_with_reward_scaling_resumes_each_seed_as_its_single_run(tmp_path):
@@ -280,8 +295,7 @@ def test_a_group_killed_while_checkpointing_resumes_every_seed_from_one_step(kil
 
 def test_refusals(tmp_path, capsys):
     cases = [(sac.train, sac.SACConfig, ["--num-seeds", "0"], "--num-seeds must be positive"),
-             (td3.train, td3.TD3Config, ["--num-seeds", "2", "--compile"], "drop --compile (on a GPU, --cudagraphs"),
-             (sac_lag.train, sac_lag.SACLagConfig, ["--num-seeds", "2"], "SAC-Lag trains one seed per process")]
+             (td3.train, td3.TD3Config, ["--num-seeds", "2", "--compile"], "drop --compile (on a GPU, --cudagraphs")]
     for train, config_cls, args, message in cases:
         assert run_cli(train, config_cls, [*args, "--runs-dir", str(tmp_path), "--quiet"]) == 2
         assert message in capsys.readouterr().err

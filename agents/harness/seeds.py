@@ -88,8 +88,13 @@ class SeedRuns:
             settle_checkpoints([Path(seed_config.resume) for seed_config in configs])
         self._lockstep = Lockstep()  # a signal or the clock stops or checkpoints every seed at the same step
         self.runs = [Run(seed_config, algo, validate, total, lockstep=self._lockstep) for seed_config in configs]
-        self.config, self.step, self.resumed = self.runs[0].config, self.runs[0].step, self.runs[0].resumed
+        self.config, self.resumed = self.runs[0].config, self.runs[0].resumed
         self.seeds = [run.config.seed for run in self.runs]
+
+    @property
+    def step(self) -> int:
+        """The environment steps each seed has taken (they move in lockstep)."""
+        return self.runs[0].step
 
     def group(self, build: Callable[[int], Any]) -> Any:
         """`build(seed)` of each seed, as one: a VecEnv's become SeedEnvs, a ReplayBuffer's a SeedReplay; one
@@ -163,10 +168,12 @@ class SeedRuns:
                 return
             yield steps[0]
 
-    def record_episodes(self, info: dict[str, Any]) -> None:
-        """Each seed's episodes that ended at this step (SeedEnvs' info["seeds"])."""
-        for run, seed_info in zip(self.runs, info.get("seeds", [info])):
-            run.record_episodes(seed_info)
+    def record_episodes(self, info: dict[str, Any]) -> np.ndarray | list[np.ndarray]:
+        """Each seed's episodes that ended at this step (SeedEnvs' info["seeds"]), and their costs: one seed's
+        (`Run.record_episodes`), or one array per seed."""
+        if len(self.runs) == 1:
+            return self.runs[0].record_episodes(info)
+        return [run.record_episodes(seed_info) for run, seed_info in zip(self.runs, info["seeds"])]
 
     def log(self, losses: dict[str, torch.Tensor]) -> None:
         """An update's losses: each seed's part (a seed group's losses have the seed axis in front)."""
@@ -176,9 +183,10 @@ class SeedRuns:
         for i, run in enumerate(self.runs):
             run.log({name: value[i] for name, value in losses.items()})
 
-    def result(self, *lines: str) -> TrainResult:
-        """Each seed's `Run.result`; the first seed's is returned, the others' are in `results`."""
-        self.results = [run.result(*lines) for run in self.runs]
+    def result(self, lines: Callable[[Run], list[str]] = lambda run: []) -> TrainResult:
+        """Each seed's `Run.result`, with the lines `lines(run)` makes of that seed's run (its final evaluation, say);
+        the first seed's is returned, the others' are in `results`."""
+        self.results = [run.result(*lines(run)) for run in self.runs]
         return self.results[0]
 
 
