@@ -112,27 +112,30 @@ def test_each_seed_of_a_batched_run_trains_as_its_single_seed_run(algo, options,
         assert len(set(multipliers)) == 3 and max(multipliers) > 0
 
 
-def test_a_group_with_reward_scaling_resumes_each_seed_as_its_single_run(tmp_path):
-    """Each seed's reward scale (trace, return statistics, maximum) is saved in its own checkpoint and stacked back
-    on resume: a group stopped at 200 steps and extended to 300 ends as each seed's single run stopped and extended
-    the same way."""
-    options = dict(TINY, **SIMBAV2, total_timesteps=200, checkpoint_freq=200)
+@pytest.mark.parametrize("algo, options, per_seed", [
+    ("sac", SIMBAV2, "reward_scaler.max_abs_return"),  # the trace, return statistics and maximum
+    ("sac_lag", dict(LAG, multiplier="pid"), "lagrange.value"),  # λ and the PID's integral, previous cost, calls
+])
+def test_a_group_resumes_each_seed_as_its_single_run(algo, options, per_seed, tmp_path):
+    """Each seed's own state (reward scale, λ) is saved in its own checkpoint and stacked back on resume: a group
+    stopped at 200 steps and extended to 300 ends as each seed's single run stopped and extended the same way."""
+    agent_cls, config_cls, train = AGENTS[algo]
+    options = {**TINY, **options, "total_timesteps": 200, "checkpoint_freq": 200}
 
     def stopped_and_extended(runs_dir: Path, **seeds) -> list[Path]:
-        sac.train(sac.SACConfig(**options, **seeds, runs_dir=str(runs_dir)))
+        train(config_cls(**options, **seeds, runs_dir=str(runs_dir)))
         run_dirs = sorted(runs_dir.iterdir(), key=lambda d: json.loads((d / "config.json").read_text())["config"]["seed"])
-        assert run_cli(sac.train, sac.SACConfig, ["--resume", str(run_dirs[-1]), "--extend-to", "300"]) == 0
+        assert run_cli(train, config_cls, ["--resume", str(run_dirs[-1]), "--extend-to", "300"]) == 0
         return run_dirs
 
     group_dirs = stopped_and_extended(tmp_path / "group", seed=4, num_seeds=2)
     for seed, group_dir in zip((4, 5), group_dirs):
         (single_dir,) = stopped_and_extended(tmp_path / f"single{seed}", seed=seed)
-        grouped, alone = (sac.SAC.load(d / "model.pt").state_dict() for d in (group_dir, single_dir))
-        assert grouped["reward_scaler.return_stats.count"] == 300  # one G per env step
+        grouped, alone = (agent_cls.load(d / "model.pt").state_dict() for d in (group_dir, single_dir))
         for name, tensor in alone.items():
             torch.testing.assert_close(grouped[name], tensor, rtol=1e-5, atol=1e-6, msg=name)
-    scales = [sac.SAC.load(d / "model.pt").reward_scaler.denominator() for d in group_dirs]
-    assert abs(scales[0] - scales[1]) > 1e-3  # two seeds, two scales
+    first, second = (agent_cls.load(d / "model.pt").state_dict()[per_seed] for d in group_dirs)
+    assert abs(first - second) > 1e-3  # two seeds, two states
 
 
 def test_alpha_and_observation_statistics_stay_per_seed():
