@@ -1,5 +1,6 @@
 """Benchmark tools: the run-summary table (summarize_runs) and the update products (gemm_floor)."""
 
+import sys
 from pathlib import Path
 
 import pytest
@@ -132,6 +133,9 @@ def test_the_seeds_speed_script_runs_both_ways_and_writes_its_table(tmp_path):
     assert row[0] == "2" and together_one == pytest.approx(2 * one, abs=0.11)
     assert together_many == pytest.approx(2 * many, abs=0.11) and one > 0 and many > 0
     assert (tmp_path / "seeds.md").read_text().splitlines()[-1] == lines[-1]
+    graphed = seeds_speed.command(seeds_speed.Args(device="cuda", cudagraphs=True), 1, 10, "runs")
+    assert graphed[:3] == [sys.executable, "-m", "keelrl.agents.sac"] and "--cudagraphs" in graphed
+    assert graphed[graphed.index("--num-seeds") + 1] == "10" and "taskset" not in graphed
 
 
 @pytest.mark.parametrize("when", ["as its run starts", "while its run trains"])
@@ -139,7 +143,6 @@ def test_the_seeds_speed_script_stopped_by_sigterm_stops_its_runs_first(when, tm
     import os
     import signal
     import subprocess
-    import sys
     import time
 
     script = subprocess.Popen([sys.executable, "-m", "keelrl.benchmarks.perf.seeds_speed", "--sizes", "2", "--env-id",

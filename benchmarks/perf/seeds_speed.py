@@ -2,6 +2,7 @@
 
     python -m keelrl.benchmarks.perf.seeds_speed --sizes 1 2 4 10 --cores 0            # CPU: all on core 0
     python -m keelrl.benchmarks.perf.seeds_speed --sizes 1 2 4 10 --device cuda         # one GPU
+    python -m keelrl.benchmarks.perf.seeds_speed --sizes 10 --device cuda --cudagraphs   # each update one graph
 
 For each S: one process training S seeds of SAC as one batched network, then S single-seed processes at once; every
 process pinned to `--cores` (CPU) with one torch thread, or sharing the GPU. Each trains `--total-timesteps` steps
@@ -46,6 +47,9 @@ class Args:
     cores: str = "0"
     """CPU cores every process is pinned to (taskset -c), on CPU"""
     precision: str = "fp32"
+    cudagraphs: bool = False
+    """with --device cuda: every process replays its whole update as a CUDA graph, the batched one a single graph
+    for all S seeds (their capture, a few updates, falls inside the timed steps)"""
     repeats: int = 1
     """measurements of each S, one process and S processes taking turns; the table shows their medians"""
     out: Path | None = None
@@ -59,7 +63,7 @@ def command(args: Args, seed: int, num_seeds: int, runs_dir: str) -> list[str]:
             str(args.learning_starts), "--eval-freq", "0", "--eval-episodes", "1", "--checkpoint-freq",
             str(args.total_timesteps), "--checkpoint-minutes", "0", "--hidden-sizes", str(args.hidden),
             str(args.hidden), "--device", args.device, "--precision", args.precision, "--threads", "1",
-            "--runs-dir", runs_dir, "--quiet"]
+            *(["--cudagraphs"] if args.cudagraphs else []), "--runs-dir", runs_dir, "--quiet"]
 
 
 def update_rates(output: str) -> list[float]:
@@ -132,7 +136,8 @@ def separate(args: Args, num_seeds: int) -> list[float]:
 
 def main(args: Args) -> list[str]:
     where = f"cores {args.cores}, one torch thread each" if args.device == "cpu" else args.device
-    lines = [f"{args.algo.upper()} on {args.env_id}, {args.hidden}-{args.hidden} networks, {args.precision}, "
+    lines = [f"{args.algo.upper()} on {args.env_id}, {args.hidden}-{args.hidden} networks, {args.precision}"
+             f"{', --cudagraphs' if args.cudagraphs else ''}, "
              f"{args.total_timesteps - args.learning_starts} timed steps per run, every process on {where}.", "",
              "| seeds S | per seed, one process | per seed, S processes | together, one process | "
              "together, S processes | one process / S processes |", "|---|---|---|---|---|---|"]
