@@ -132,6 +132,8 @@ def test_a_group_resumes_each_seed_as_its_single_run(algo, options, per_seed, tm
     for seed, group_dir in zip((4, 5), group_dirs):
         (single_dir,) = stopped_and_extended(tmp_path / f"single{seed}", seed=seed)
         grouped, alone = (agent_cls.load(d / "model.pt").state_dict() for d in (group_dir, single_dir))
+        if "reward_scaler.return_stats.count" in alone:
+            assert grouped["reward_scaler.return_stats.count"] == 300  # one G per env step, across the resume
         for name, tensor in alone.items():
             torch.testing.assert_close(grouped[name], tensor, rtol=1e-5, atol=1e-6, msg=name)
     first, second = (agent_cls.load(d / "model.pt").state_dict()[per_seed] for d in group_dirs)
