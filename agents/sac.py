@@ -134,7 +134,7 @@ class SACConfig(NetworkOptions, RunOptions):
     cudagraphs: bool = False
     """with --device cuda: record each whole update (losses compiled as with --compile, a seed group's batched and
     uncompiled; backward passes, optimiser steps, target update) once as a CUDA graph and replay it
-    (networks/cuda_graphs.py); the Lagrangian agents' cost critic step runs eagerly after it"""
+    (networks/cuda_graphs.py; the Lagrangian agents' cost critic step is part of it)"""
     num_seeds: int = 1
     """train seeds seed, seed+1, …, seed+num_seeds−1 in this one process as one batched network, each in a run
     directory of its own as a run of that seed alone (--runs-dir may hold {seed}: each seed's is filled in)"""
@@ -247,8 +247,7 @@ class SAC(SavedAgent):
                                          config.compile or config.cudagraphs, seeds_of=self)
         self._act = SeedMapped(self.actor.act, self)
         # --cudagraphs: the whole of `learn_step` recorded as one CUDA graph per branch, then replayed
-        self._learn_step = (GraphedUpdate(self.learn_step, list(self.optimizers.values()), self) if config.cudagraphs
-                            else self.learn_step)
+        self._learn_step = GraphedUpdate(self.learn_step, self) if config.cudagraphs else self.learn_step
 
     @property
     def alpha(self) -> torch.Tensor:

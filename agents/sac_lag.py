@@ -61,21 +61,23 @@ class SACLag(SAC):
         self.cost = CostCritic(config, obs_dim, len(action_low), config.q_lr)
         self.optimizers["cost_critic"] = self.cost.optimizer
         self.lagrange = build_multiplier(config)
-        self._cost_loss = loss_function(self.cost_loss, config.precision, config.device, config.compile,
-                                        config.cudagraphs, seeds_of=self)
+        self._cost_loss = loss_function(self.cost_loss, config.precision, config.device,
+                                        config.compile or config.cudagraphs, seeds_of=self)
 
     @property
     def lagrange_multiplier(self) -> torch.Tensor:
         return self.lagrange.value
 
     def learn(self, batch: Batch) -> dict[str, torch.Tensor]:
-        """SAC's update (with the Lagrangian actor loss below), then one cost critic step on a' ~ π(·|s') of the
-        actor this update left."""
-        losses = super().learn(batch)
+        return {**super().learn(batch), "losses/lagrange_multiplier": self.lagrange.value.clone()}
+
+    def learn_step(self, batch: Batch, actor_step: bool, target_step: bool) -> dict[str, torch.Tensor]:
+        """SAC's update step (with the Lagrangian actor loss below), then one cost critic step on a' ~ π(·|s') of
+        the actor it left (with --cudagraphs, both recorded in one graph)."""
+        losses = super().learn_step(batch, actor_step, target_step)
         noise = self.random.normal(*batch.rewards.shape[-1:], self.action_low.shape[-1])
         cost_loss, cost_q = self._cost_loss(batch, noise)  # a seed group: (S,), (S, E, B)
-        losses.update(self.cost.step(cost_loss, cost_q))
-        return {**losses, "losses/lagrange_multiplier": self.lagrange.value.clone()}
+        return {**losses, **self.cost.step(cost_loss, cost_q)}
 
     def cost_loss(self, batch: Batch, noise: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The cost critic's loss and values (`CostCritic.loss`) with a' ~ π(·|s') drawn with `noise` (B, A)."""

@@ -36,19 +36,19 @@ class GraphedUpdate:
     next one records the graph and replays it, every later one copies the batch into the graph's input tensors and
     replays it. Every call is one real update; it returns copies of the step's outputs.
 
-    On the first call `optimizers` (those the step steps) become capturable (`make_capturable`); the generators of
-    `agent.random` when it is a seed group's (networks/seeds.py) are registered with every graph, so that each
+    On the first call the agent's optimisers (`agent.optimizers`, as the agent has them by then: a Lagrangian
+    agent adds its cost critic's after its base builds this) become capturable (`make_capturable`); the generators
+    of `agent.random` when it is a seed group's (networks/seeds.py) are registered with every graph, so that each
     replay draws fresh noise from each seed's generator."""
 
-    def __init__(self, step: Callable[..., Outputs], optimizers: list[torch.optim.Optimizer], agent: Any,
-                 warmup_calls: int = 3):
-        self.step, self.optimizers, self.agent, self.warmup_calls = step, optimizers, agent, warmup_calls
+    def __init__(self, step: Callable[..., Outputs], agent: Any, warmup_calls: int = 3):
+        self.step, self.agent, self.warmup_calls = step, agent, warmup_calls
         self.graphs: dict[tuple, tuple[torch.cuda.CUDAGraph, NamedTuple, Outputs]] = {}
         self.calls: Counter[tuple] = Counter()
 
     def __call__(self, batch: NamedTuple, *branch: Any) -> Outputs:
         if not self.calls:
-            for optimizer in self.optimizers:
+            for optimizer in self.agent.optimizers.values():
                 make_capturable(optimizer)
         self.calls[branch] += 1
         if branch in self.graphs:

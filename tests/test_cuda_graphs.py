@@ -17,7 +17,9 @@ from torch import nn
 
 from keelrl.agents import sac
 from keelrl.agents.sac import PRESETS, SAC, SACConfig, resolve
+from keelrl.agents.sac_lag import SACLag, SACLagConfig
 from keelrl.agents.td3 import TD3, TD3Config
+from keelrl.agents.td3_lag import TD3Lag, TD3LagConfig
 from keelrl.buffers import Batch
 from keelrl.networks import make_optimizer, scale_learning_rates
 from keelrl.networks.cuda_graphs import GraphedUpdate, make_capturable
@@ -59,8 +61,8 @@ def test_make_capturable_makes_the_rate_a_tensor_the_schedule_scales_in_place():
     assert rate.item() == pytest.approx(2.5e-4)
 
 
-def batches(seeds: int | None = None) -> list[Batch]:
-    """UPDATES random batches on the GPU ((S, B, ...) for a seed group of `seeds`)."""
+def batches(seeds: int | None = None, costs: bool = False) -> list[Batch]:
+    """UPDATES random batches on the GPU ((S, B, ...) for a seed group of `seeds`), with step costs if asked."""
     g = torch.Generator().manual_seed(0)
     lead = (BATCH,) if seeds is None else (seeds, BATCH)
 
@@ -68,14 +70,15 @@ def batches(seeds: int | None = None) -> list[Batch]:
         return Batch(obs=torch.randn(*lead, OBS_DIM, generator=g),
                      actions=torch.rand(*lead, ACTION_DIM, generator=g) * 2 - 1,
                      rewards=torch.randn(*lead, generator=g), next_obs=torch.randn(*lead, OBS_DIM, generator=g),
-                     terminated=(torch.rand(*lead, generator=g) < 0.1).float(), discounts=torch.full(lead, 0.99))
+                     terminated=(torch.rand(*lead, generator=g) < 0.1).float(), discounts=torch.full(lead, 0.99),
+                     costs=(torch.rand(*lead, generator=g) < 0.3).float() if costs else None)
 
     return [Batch(*(None if field is None else field.cuda() for field in one())) for _ in range(UPDATES)]
 
 
 def graphed(agent: nn.Module) -> nn.Module:
     """`agent` with its update replayed as CUDA graphs (its losses stay eager, so numbers can match exactly)."""
-    agent._learn_step = GraphedUpdate(agent.learn_step, list(agent.optimizers.values()), agent)
+    agent._learn_step = GraphedUpdate(agent.learn_step, agent)
     return agent
 
 
@@ -150,3 +153,33 @@ def test_a_seed_group_trained_with_cudagraphs_ends_as_the_eager_group(options, t
     for seed in (4, 5):
         for name, value in eager[seed].state_dict().items():
             torch.testing.assert_close(captured[seed].state_dict()[name], value, atol=1e-5, rtol=1e-5, msg=name)
+
+
+LAGRANGIAN = {
+    "sac_lag": lambda: SACLag(OBS_DIM, LOW, HIGH, resolve(SACLagConfig(hidden_sizes=(64, 64), **COMMON))),
+    "td3_lag": lambda: TD3Lag(OBS_DIM, LOW, HIGH, TD3LagConfig(hidden_sizes=(64, 64), **COMMON)),
+}
+
+
+@cuda
+@pytest.mark.parametrize("name", list(LAGRANGIAN))
+def test_lagrangian_updates_replayed_as_cuda_graphs_equal_eager_updates_and_read_the_current_lambda(name):
+    """The cost critic's step is part of the graph (its optimiser made capturable with the others), and λ, which
+    moves between updates, is read where the graph recorded it."""
+    torch.manual_seed(0)
+    eager = LAGRANGIAN[name]().cuda()
+    torch.manual_seed(0)
+    captured = graphed(LAGRANGIAN[name]().cuda())
+    data = batches(costs=True)
+    for agent in (eager, captured):
+        agent.lagrange.value.fill_(0.5)
+    first = train(eager, data[:10]), train(captured, data[:10])
+    for agent in (eager, captured):  # as `observe` moves it between updates: in place
+        agent.lagrange.value.fill_(2.0)
+    second = train(eager, data[10:]), train(captured, data[10:])
+    for expected, got in zip(first[0] + second[0], first[1] + second[1]):
+        for name_ in expected:
+            torch.testing.assert_close(got[name_], expected[name_], atol=1e-5, rtol=1e-5, msg=name_)
+    for key, value in eager.state_dict().items():
+        torch.testing.assert_close(captured.state_dict()[key], value, atol=1e-5, rtol=1e-5, msg=key)
+    assert captured.optimizers["cost_critic"].param_groups[0]["capturable"]

@@ -237,5 +237,5 @@ def validate_seed_group(config: Any) -> None:
         return
     if config.compile:
         raise ValueError(f"--num-seeds {config.num_seeds} batches the seeds' losses with torch.func.vmap, which "
-                         f"keelrl runs uncompiled: drop --compile (on a GPU, --cudagraphs records the group's SAC/TD3 "
+                         f"keelrl runs uncompiled: drop --compile (on a GPU, --cudagraphs records the group's whole "
                          f"update, its batched losses included, as one CUDA graph), or run the seeds one per process.")
