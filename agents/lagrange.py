@@ -100,9 +100,9 @@ class Multiplier(nn.Module):
         seed: each seed's λ steps on its own episodes."""
         if global_step <= self.warmup:
             return
-        single = self.value.dim() == 0
-        for seed, costs in zip([()] if single else range(len(episode_costs)), [episode_costs] if single else
-                               episode_costs):
+        # (seed index, that seed's costs); () indexes a single run's 0-d state whole
+        per_seed = [((), episode_costs)] if self.value.dim() == 0 else enumerate(episode_costs)
+        for seed, costs in per_seed:
             if len(costs):
                 self.update(float(np.mean(costs)), seed)
 
