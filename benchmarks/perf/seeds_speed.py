@@ -71,6 +71,25 @@ def update_rates(output: str) -> list[float]:
     return [float(rate) for rate in re.findall(r"([\d.]+) while updating", output)]
 
 
+STOP_SIGNALS = {signal.SIGTERM, signal.SIGINT}
+
+
+@contextlib.contextmanager
+def stop_signals_held() -> Iterator[None]:
+    """SIGTERM and Ctrl-C held back while a run starts (they arrive on leaving): a stop between the fork and
+    Popen's return would leave a run nobody knows of."""
+    signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
+
+
+def release_stop_signals() -> None:
+    """In the started run, before it executes: the signals the parent held are the run's to receive."""
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
+
+
 def run_at_once(commands: list[list[str]], logs: Path) -> list[str]:
     """Run the commands at once and return each one's stdout; RuntimeError naming the first that failed. When this
     process is stopped meanwhile (Ctrl-C, or SIGTERM, which this module's `__main__` turns into SystemExit), the
@@ -96,25 +115,6 @@ def run_at_once(commands: list[list[str]], logs: Path) -> list[str]:
             raise RuntimeError(f"a run failed (exit {process.returncode}): {shlex.join(process.args)}\n"
                                + "\n".join(error.read_text().strip().splitlines()[-5:]))
     return [output.read_text() for output in outputs]
-
-
-STOP_SIGNALS = {signal.SIGTERM, signal.SIGINT}
-
-
-@contextlib.contextmanager
-def stop_signals_held() -> Iterator[None]:
-    """SIGTERM and Ctrl-C held back while a run starts (they arrive on leaving): a stop between the fork and
-    Popen's return would leave a run nobody knows of."""
-    signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
-    try:
-        yield
-    finally:
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
-
-
-def release_stop_signals() -> None:
-    """In the started run, before it executes: the signals the parent held are the run's to receive."""
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
 
 
 def batched(args: Args, num_seeds: int) -> float:
