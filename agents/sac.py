@@ -132,9 +132,9 @@ class SACConfig(NetworkOptions, RunOptions):
     compile: bool = False
     """compile the loss computations with torch.compile (a C++ compiler is needed on CPU)"""
     cudagraphs: bool = False
-    """with --device cuda: record each whole update (losses compiled as with --compile, a seed group's batched and
-    uncompiled; backward passes, optimiser steps, target update) once as a CUDA graph and replay it
-    (networks/cuda_graphs.py; the Lagrangian agents' cost critic step is part of it)"""
+    """with --device cuda: record each whole update (losses compiled as with --compile, backward passes, optimiser
+    steps, target update; the Lagrangian agents' cost critic step too) once as a CUDA graph and replay it
+    (networks/cuda_graphs.py)"""
     num_seeds: int = 1
     """train seeds seed, seed+1, …, seed+num_seeds−1 in this one process as one batched network, each in a run
     directory of its own as a run of that seed alone (--runs-dir may hold {seed}: each seed's is filled in)"""

@@ -780,10 +780,10 @@ def _process_key(cell: Cell, batch_seeds: bool) -> tuple[Any, ...]:
 
 def _one_new_group(cells: list[Cell]) -> bool:
     """Whether new cells (sorted by seed) can run as one --num-seeds process: several, seeds that follow one
-    another, an agent that takes --num-seeds, without --compile (which a seed group refuses)."""
+    another, an agent that takes --num-seeds."""
     seeds = [cell.seed for cell in cells]
     fields, _ = agent_fields(cells[0].agent.module)
-    return (len(cells) > 1 and fields is not None and "num-seeds" in fields and not cells[0].options.get("compile")
+    return (len(cells) > 1 and fields is not None and "num-seeds" in fields
             and seeds == list(range(seeds[0], seeds[0] + len(seeds))))
 
 

@@ -98,11 +98,13 @@ class SeedMapped:
     """A bound method of a module inside an agent: for a single run `single` (the method, possibly compiled or under
     autocast), for a seed group the method once per seed in one batched pass, inside `context()`: vmap over the
     module's stacked parameters and buffers and over the leading seed axis of every tensor argument (None arguments
-    and fields stay None); outputs gain the seed axis."""
+    and fields stay None), through torch.compile with `compile`; outputs gain the seed axis."""
 
     def __init__(self, method: Callable, owner: Any, single: Callable | None = None,
-                 context: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext):
+                 context: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext,
+                 compile: bool = False):
         self.method, self.owner, self.single, self.context = method, owner, single or method, context
+        self.compile = compile
         functools.update_wrapper(self, method)
 
     def __call__(self, *args: Any) -> Any:
@@ -125,7 +127,7 @@ class SeedMapped:
             in_dims = (0, *(_seed_dims(arg) for arg in args))
             return vmap(one_seed, in_dims=in_dims)(state, *args)
 
-        return call
+        return torch.compile(call) if self.compile else call
 
 
 def _seed_dims(arg: Any) -> Any:

@@ -55,22 +55,22 @@ def soft_update(target: list[torch.Tensor], online: list[torch.Tensor], tau: flo
 
 
 def loss_function(loss_fn: Callable, precision: str, device: str, compile: bool = False,
-                  cudagraphs: bool = False, seeds_of: nn.Module | None = None) -> Callable:
+                  seeds_of: nn.Module | None = None) -> Callable:
     """`loss_fn` as an update calls it: under `precision` in an autocast region of its own (`matmul_precision`),
     so each call casts the weights as they are at that moment and the backward pass and optimiser step that
-    follow run outside autocast, and through torch.compile when asked (replayed as CUDA graphs with
-    `cudagraphs`, torch.compile's "reduce-overhead" mode). Only loss computations are compiled (forward, and with it
-    the backward graph); the optimiser steps run eagerly. (SAC and TD3 capture their whole update instead:
-    networks/cuda_graphs.py.) With fp32 and no compilation it is `loss_fn` itself. With `seeds_of` (the agent,
-    which may hold several seeds: networks/seeds.py), a seed group calls it once per seed in one batched pass."""
+    follow run outside autocast, and through torch.compile when asked. Only loss computations are compiled
+    (forward, and with it the backward graph); the optimiser steps run eagerly. (--cudagraphs captures the whole
+    update around them: networks/cuda_graphs.py.) With fp32 and no compilation it is `loss_fn` itself. With
+    `seeds_of` (the agent, which may hold several seeds: networks/seeds.py), a seed group calls it once per seed in
+    one batched pass, compiled as one when asked."""
     single = loss_fn
     if precision != "fp32":
         single = _under_precision(single, precision, device)
-    if compile or cudagraphs:
-        single = torch.compile(single, mode="reduce-overhead" if cudagraphs else None)
+    if compile:
+        single = torch.compile(single)
     if seeds_of is None:
         return single
-    return SeedMapped(loss_fn, seeds_of, single, context=lambda: matmul_precision(precision, device))
+    return SeedMapped(loss_fn, seeds_of, single, context=lambda: matmul_precision(precision, device), compile=compile)
 
 
 def _under_precision(loss_fn: Callable, precision: str, device: str) -> Callable:

@@ -136,22 +136,23 @@ def test_cudagraphs_option_trains_as_eager_within_compiler_rounding():
 @pytest.mark.parametrize("options", [{}, dict(network="simbav2", critic_head="c51", num_bins=11, scale_rewards=True,
                                               normalize_obs=True, obs_clip=None, critic_hidden_dim=16,
                                               actor_hidden_dim=16)])
-def test_a_seed_group_trained_with_cudagraphs_ends_as_the_eager_group(options, tmp_path):
-    """--num-seeds 2 --cudagraphs through the run harness: the group's update (its losses batched over the seeds with
-    vmap, uncompiled) recorded and replayed, each seed's final networks as the eager group's."""
+def test_a_seed_group_trained_with_cudagraphs_ends_as_the_compiled_group(options, tmp_path):
+    """--num-seeds 2 --cudagraphs through the run harness: the group's update (each loss batched over the seeds with
+    vmap and compiled, as --compile does) recorded and replayed, each seed's final networks as the --compile
+    group's."""
     tiny = dict(env_id="InvertedPendulum-v5", total_timesteps=150, learning_starts=100, batch_size=16,
                 hidden_sizes=(16, 16), eval_freq=0, eval_episodes=2, checkpoint_freq=150, device="cuda", quiet=True,
                 seed=4, num_seeds=2, **options)
 
-    def models(cudagraphs: bool) -> dict[int, SAC]:
-        runs = tmp_path / f"cudagraphs{cudagraphs}"
-        sac.train(SACConfig(**tiny, cudagraphs=cudagraphs, runs_dir=str(runs)))
+    def models(option: str) -> dict[int, SAC]:
+        runs = tmp_path / option
+        sac.train(SACConfig(**tiny, **{option: True}, runs_dir=str(runs)))
         return {json.loads((d / "config.json").read_text())["config"]["seed"]: SAC.load(d / "model.pt")
                 for d in Path(runs).iterdir()}
 
-    eager, captured = models(False), models(True)
+    compiled, captured = models("compile"), models("cudagraphs")
     for seed in (4, 5):
-        for name, value in eager[seed].state_dict().items():
+        for name, value in compiled[seed].state_dict().items():
             torch.testing.assert_close(captured[seed].state_dict()[name], value, atol=1e-5, rtol=1e-5, msg=name)
 
 

@@ -158,19 +158,20 @@ def test_fast_td3_update_equals_the_plain_update(fixed_batch):
 
 @pytest.mark.skipif(not any(map(shutil.which, ("g++", "c++", "clang++"))),
                     reason="no C++ compiler (g++, c++ or clang++) on PATH: torch.compile cannot build CPU kernels")
-def test_compiled_sac_update_equals_the_eager_update(fixed_batch, monkeypatch):
+def test_compiled_sac_update_equals_the_eager_update(fixed_batch):
     """--compile changes how the losses run, not what they compute (random draws as in eager mode)."""
-    monkeypatch.setattr(torch._inductor.config, "fallback_random", True)
     torch._dynamo.reset()
     agents = []
-    for compile_losses in (False, True):
-        torch.manual_seed(0)
-        agent = SAC(OBS_DIM, -np.ones(ACTION_DIM), np.ones(ACTION_DIM),
-                    SACConfig(hidden_sizes=(32, 32), compile=compile_losses))
-        torch.manual_seed(1)
-        for batch in batches_from(fixed_batch)[:2]:  # a critic step, then critic, actor and α steps
-            agent.update(batch)
-        agents.append(agent)
+    # inductor's own config patch: monkeypatch's undo deleted the option, and every later compile failed on it
+    with torch._inductor.config.patch(fallback_random=True):
+        for compile_losses in (False, True):
+            torch.manual_seed(0)
+            agent = SAC(OBS_DIM, -np.ones(ACTION_DIM), np.ones(ACTION_DIM),
+                        SACConfig(hidden_sizes=(32, 32), compile=compile_losses))
+            torch.manual_seed(1)
+            for batch in batches_from(fixed_batch)[:2]:  # a critic step, then critic, actor and α steps
+                agent.update(batch)
+            agents.append(agent)
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] >= 2  # both losses went through the compiler
     eager, compiled = agents
     for name, param in eager.state_dict().items():

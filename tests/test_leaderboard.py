@@ -317,11 +317,6 @@ def test_batch_seeds_runs_an_entrys_seeds_as_one_process_into_their_own_cells(tm
     leaderboard.run_grids([apart], tmp_path / "runs", dry_run=True, batch_seeds=True, log=messages.append)
     commands = [m for m in messages if m.startswith("new: ")]
     assert len(commands) == 2 and not any("--num-seeds" in c for c in commands)  # seeds 1 and 3: one process each
-    compiled = tiny_grid("compiled", ["sac"], seeds=(1, 2), options={**TINY, "eval-freq": 0, "compile": True})
-    messages.clear()
-    leaderboard.run_grids([compiled], tmp_path / "runs", dry_run=True, batch_seeds=True, log=messages.append)
-    commands = [m for m in messages if m.startswith("new: ")]  # a seed group refuses --compile: one process each
-    assert len(commands) == 2 and not any("--num-seeds" in c for c in commands)
     grid = tiny_grid("batched", ["sac"], seeds=(1, 2), options={**TINY, "eval-freq": 0})
     messages.clear()
     leaderboard.run_grids([grid], tmp_path / "runs", dry_run=True, batch_seeds=True, log=messages.append)

@@ -230,12 +230,6 @@ def write_seeds_files(run_dirs: list[Path]) -> None:
 
 
 def validate_seed_group(config: Any) -> None:
-    """Refuse --num-seeds values and the options a seed group cannot train with, in one line each."""
+    """Refuse a --num-seeds no run can use, in one line."""
     if config.num_seeds < 1:
         raise ValueError(f"--num-seeds must be positive, got {config.num_seeds}.")
-    if config.num_seeds == 1:
-        return
-    if config.compile:
-        raise ValueError(f"--num-seeds {config.num_seeds} batches the seeds' losses with torch.func.vmap, which "
-                         f"keelrl runs uncompiled: drop --compile (on a GPU, --cudagraphs records the group's whole "
-                         f"update, its batched losses included, as one CUDA graph), or run the seeds one per process.")

@@ -62,7 +62,7 @@ class Args:
     times eager's steps/s (benchmarks/results/gpu.md); CUDA only"""
     batch_seeds: bool = False
     """the seeds of each online entry as one --num-seeds process (the leaderboard's --batch-seeds): with
-    --cudagraphs, one graph replays the update of every seed, its losses batched and uncompiled"""
+    --cudagraphs, one graph replays the update of every seed, each loss batched over the seeds and compiled"""
     commit_file: Path = Path(".gpu/commit.txt")
     """collect: where prepare.sh recorded the commit the cells run"""
 
