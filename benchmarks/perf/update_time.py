@@ -3,6 +3,7 @@
     python -m keelrl.benchmarks.perf.update_time --algos sac td3 --hidden 256 8
     python -m keelrl.benchmarks.perf.update_time --algos sac cql iql riql --hidden 256 --precisions fp32 bf16
     python -m keelrl.benchmarks.perf.update_time --compile
+    python -m keelrl.benchmarks.perf.update_time --algos sac --hidden 256 --num-seeds 3     # a --num-seeds group
     python -m keelrl.benchmarks.perf.update_time --algos sac --networks mlp/scalar simba/scalar simbav2/c51 --hidden 256
 
 Times updates on random Hopper-sized batches (batch 256) with one torch thread, by the process's
@@ -30,8 +31,9 @@ import tyro
 
 from keelrl.agents import cql, iql, riql, sac, td3
 from keelrl.agents.harness.options import apply_preset
-from keelrl.buffers import ReplayBuffer
+from keelrl.buffers import Batch, ReplayBuffer
 from keelrl.networks.builders import with_default_support
+from keelrl.networks.seeds import stack_seeds
 
 AGENTS = {"sac": (sac.SAC, sac.SACConfig, sac.PRESETS), "td3": (td3.TD3, td3.TD3Config, td3.PRESETS),
           "cql": (cql.CQL, cql.CQLConfig, None), "iql": (iql.IQL, iql.IQLConfig, None),
@@ -51,6 +53,8 @@ class Args:
     """time an agent built with this preset (simba, simbav2) instead of --networks"""
     compile: bool = False
     """time the --compile update"""
+    num_seeds: int = 1
+    """time one update of a group of this many seeds (SAC, TD3: --num-seeds), each on its own batch"""
     precisions: tuple[str, ...] = ("fp32",)
     """precisions to time each setting in (fp32, bf16)"""
     warmup: int = 20
@@ -102,16 +106,26 @@ def cpu_ms_per_update(algo: str, options: dict, args: Args) -> list[float]:
     if presets is not None:
         config = apply_preset(config, presets)
         config = with_default_support(config, config.scale_rewards)
+    def build() -> torch.nn.Module:
+        return agent_cls(args.obs_dim, -np.ones(args.action_dim), np.ones(args.action_dim), config)
+
     torch.manual_seed(0)
-    agent = agent_cls(args.obs_dim, -np.ones(args.action_dim), np.ones(args.action_dim), config)
+    agent = build() if args.num_seeds == 1 else stack_seeds(build, list(range(args.num_seeds)))
     buffer = filled_buffer(args.obs_dim, args.action_dim)
+
+    def batch() -> Batch:  # a group's: each seed's own, stacked (S, 256, ...)
+        if args.num_seeds == 1:
+            return buffer.sample(256)
+        samples = [buffer.sample(256) for _ in range(args.num_seeds)]
+        return Batch(*(None if fields[0] is None else torch.stack(fields) for fields in zip(*samples)))
+
     for _ in range(args.warmup):  # (and compilation)
-        agent.update(buffer.sample(256))
+        agent.update(batch())
     timings = []
     for _ in range(args.repeats):
         start = time.process_time()
         for _ in range(args.updates):
-            agent.update(buffer.sample(256))
+            agent.update(batch())
         timings.append(1e3 * (time.process_time() - start) / args.updates)
     return timings
 
@@ -119,7 +133,7 @@ def cpu_ms_per_update(algo: str, options: dict, args: Args) -> list[float]:
 def main(args: Args) -> None:
     torch.set_num_threads(1)
     print(f"torch {torch.__version__}, 1 thread, batch 256, CPU ms per update (median of {args.repeats})"
-          f"{', --compile' if args.compile else ''}")
+          f"{', --compile' if args.compile else ''}{f', --num-seeds {args.num_seeds}' if args.num_seeds > 1 else ''}")
     for algo in args.algos:
         for label, options in timed_settings(args, algo):
             for precision in args.precisions:
