@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import itertools
+import types
 from collections.abc import Callable
 from typing import Any
 
@@ -94,6 +96,10 @@ class _Method(nn.Module):
         return getattr(self.module, self.name)(*args)
 
 
+_COMPILED_CALLS = itertools.count()
+"""numbers the compiled batched calls (their code objects' names)"""
+
+
 class SeedMapped:
     """A bound method of a module inside an agent: for a single run `single` (the method, possibly compiled or under
     autocast), for a seed group the method once per seed in one batched pass, inside `context()`: vmap over the
@@ -127,7 +133,13 @@ class SeedMapped:
             in_dims = (0, *(_seed_dims(arg) for arg in args))
             return vmap(one_seed, in_dims=in_dims)(state, *args)
 
-        return torch.compile(call) if self.compile else call
+        if not self.compile:
+            return call
+        # torch.compile keeps its graphs, and counts recompilations against its limit (8), per code object: each
+        # method of each agent gets its own, or a few agents in one process would exhaust it and run eager
+        name = f"{type(module).__name__}_{self.method.__name__}_over_seeds_{next(_COMPILED_CALLS)}"
+        return torch.compile(types.FunctionType(call.__code__.replace(co_name=name, co_qualname=name),
+                                                call.__globals__, name, call.__defaults__, call.__closure__))
 
 
 def _seed_dims(arg: Any) -> Any:

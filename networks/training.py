@@ -106,13 +106,17 @@ def check_device(device: str, compile: bool, cudagraphs: bool) -> None:
 
 @contextlib.contextmanager
 def frozen(network: nn.Module) -> Iterator[None]:
-    """No parameter gradients for `network` inside (e.g. the critic while the actor steps through it);
-    restored on the way out, also when the step raises."""
-    network.requires_grad_(False)
+    """No parameter gradients for `network` inside (e.g. the critic while the actor steps through it); each
+    parameter that had them gets them back on the way out, also when the step raises (a target network inside
+    `network` stays without: a compiled seed group's losses would recompile on the changed flags)."""
+    trained = [parameter for parameter in network.parameters() if parameter.requires_grad]
+    for parameter in trained:
+        parameter.requires_grad_(False)
     try:
         yield
     finally:
-        network.requires_grad_(True)
+        for parameter in trained:
+            parameter.requires_grad_(True)
 
 
 def pack_training_state(module: nn.Module, optimizers: dict[str, torch.optim.Optimizer], num_updates: int) -> dict:

@@ -141,6 +141,23 @@ def test_a_group_resumes_each_seed_as_its_single_run(algo, options, per_seed, tm
     assert abs(first - second) > 1e-3  # two seeds, two states
 
 
+def test_a_compiled_lagrangian_group_compiles_each_loss_once():
+    """Three losses (critic, actor, cost critic), each compiled once whatever the actor's schedule: the cost
+    target keeps no gradients through the actor steps (frozen() once gave them back, and every loss of the group,
+    whose compiled call takes all the agent's parameters, recompiled on the changed flag)."""
+    config = sac_lag.SACLagConfig(hidden_sizes=(16,), policy_frequency=4, compile=True)
+    rng = np.random.default_rng(0)
+    batches = [Batch(*(torch.as_tensor(rng.normal(size=(2, 8, *shape)), dtype=torch.float32)
+                       for shape in ((3,), (1,), (), (3,))), torch.zeros(2, 8), torch.full((2, 8), 0.99),
+                     costs=torch.ones(2, 8)) for _ in range(9)]
+    group = stack_seeds(lambda: sac_lag.SACLag(3, np.array([-1.0]), np.array([1.0]), config), [1, 2])
+    graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+    for batch in batches:  # actor steps at updates 4 and 8
+        group.update(batch)
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] - graphs == 3
+    assert not any(parameter.requires_grad for parameter in group.cost.target.parameters())
+
+
 def test_alpha_and_observation_statistics_stay_per_seed():
     """Two seeds stacked, given different data: each seed's α and observation statistics move as those of a single
     agent given that seed's data, and apart from the other seed's."""
@@ -316,10 +333,12 @@ def test_a_compiled_group_learns_as_the_eager_group():
     eager = stack_seeds(lambda: sac.SAC(3, np.array([-1.0]), np.array([1.0]), config), [1, 2])
     compiled = stack_seeds(lambda: sac.SAC(3, np.array([-1.0]), np.array([1.0]),
                                            dataclasses.replace(config, compile=True)), [1, 2])
+    graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
     for batch in batches:
         expected, got = eager.update(batch), compiled.update(batch)
         for name, value in expected.items():
             torch.testing.assert_close(got[name], value, rtol=1e-4, atol=1e-5, msg=name)
     for name, value in eager.state_dict().items():
         torch.testing.assert_close(compiled.state_dict()[name], value, rtol=1e-4, atol=1e-5, msg=name)
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] - graphs == 2  # the critic's and the actor's loss
 
