@@ -32,7 +32,6 @@ from keelrl.agents.harness.loop import TrainResult
 from keelrl.agents.harness.options import (
     RunOptions,
     apply_preset,
-    evaluation_seed,
     require_non_negative,
     require_positive_counts,
     require_positive_widths,
@@ -354,12 +353,11 @@ def train(config: SACConfig) -> TrainResult:
     buffer = run.group(lambda seed: ReplayBuffer(config.buffer_size, (obs_dim,), low.shape, config.num_envs,
                                                  config.device, config.n_step, config.gamma, seed=seed))
     action_rng = run.numpy_rng()
-    # evaluation episode i of a seed is seeded evaluation_seed(seed, eval_episodes) + i
+    # evaluation episode i of a seed is seeded eval_seed + i (SeedRuns gives each seed its own)
     run.start(config.env_id, agent, numpy_rng=action_rng, replay=buffer,
-              evaluate=lambda agent, seed: evaluate(agent, config.env_id, config.eval_episodes,
-                                                    evaluation_seed(seed, config.eval_episodes)),
-              video=lambda agent, seed: gym_video(config.env_id, lambda obs: agent.act(obs, deterministic=True),
-                                                  evaluation_seed(seed, config.eval_episodes)))
+              evaluate=lambda agent, eval_seed: evaluate(agent, config.env_id, config.eval_episodes, eval_seed),
+              video=lambda agent, eval_seed: gym_video(config.env_id, lambda obs: agent.act(obs, deterministic=True),
+                                                       eval_seed))
     if run.resumed and agent.reward_scaler is not None:
         agent.reward_scaler.reset_returns()  # the return trace of the interrupted episodes
 

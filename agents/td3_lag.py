@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from keelrl.agents.harness.loop import TrainResult
-from keelrl.agents.harness.options import evaluation_seed, run_cli
+from keelrl.agents.harness.options import run_cli
 from keelrl.agents.harness.seeds import SeedRuns
 from keelrl.agents.lagrange import CostCritic, LagrangeOptions, build_multiplier, final_cost_lines, validate_lagrange
 from keelrl.agents.lagrange import lagrangian_actor_loss
@@ -112,12 +112,11 @@ def train(config: TD3LagConfig) -> TrainResult:
                                                  config.device, config.n_step, config.gamma, store_cost=True,
                                                  seed=seed))
     action_rng = run.numpy_rng()
-    # evaluation episode i of a seed is seeded evaluation_seed(seed, eval_episodes) + i
+    # evaluation episode i of a seed is seeded eval_seed + i (SeedRuns gives each seed its own)
     run.start(config.env_id, agent, numpy_rng=action_rng, replay=buffer,
-              evaluate=lambda agent, seed: evaluate(agent, config.env_id, config.eval_episodes,
-                                                    evaluation_seed(seed, config.eval_episodes)),
-              video=lambda agent, seed: gym_video(config.env_id, lambda obs: agent.act(obs, deterministic=True),
-                                                  evaluation_seed(seed, config.eval_episodes)))
+              evaluate=lambda agent, eval_seed: evaluate(agent, config.env_id, config.eval_episodes, eval_seed),
+              video=lambda agent, eval_seed: gym_video(config.env_id, lambda obs: agent.act(obs, deterministic=True),
+                                                       eval_seed))
     if run.resumed and agent.reward_scaler is not None:
         agent.reward_scaler.reset_returns()  # the return trace of the interrupted episodes
 

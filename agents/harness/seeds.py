@@ -6,7 +6,7 @@ alone), stepped in lockstep, while the agent trains them as one batched network 
     env = runs.group(lambda seed: make_vec_env(..., seed + runs.step))      # VecEnv, or SeedEnvs for S seeds
     agent = runs.agent(lambda: SAC(...))                                     # stacked along a seed axis for S
     buffer = runs.group(lambda seed: ReplayBuffer(..., seed=seed))          # ReplayBuffer, or SeedReplay
-    runs.start(env_id, agent, evaluate=lambda agent, seed: ..., numpy_rng=runs.numpy_rng(), replay=buffer)
+    runs.start(env_id, agent, evaluate=lambda agent, eval_seed: ..., numpy_rng=runs.numpy_rng(), replay=buffer)
 
 then the loop of `Run` (steps, record_episodes, log, result). With one seed every call goes straight to the one
 `Run`, and the objects are the single-seed ones: the run is the run it always was. `--resume` of any seed's
@@ -27,6 +27,7 @@ import torch
 
 from keelrl.agents.harness.checkpoints import SavedAgent, settle_checkpoints, write_atomically
 from keelrl.agents.harness.loop import Lockstep, Run, TrainResult
+from keelrl.agents.harness.options import evaluation_seed
 from keelrl.agents.harness.stopping import RunStopped
 from keelrl.buffers import ReplayBuffer, SeedReplay
 from keelrl.envs import SeedEnvs, VecEnv
@@ -122,20 +123,22 @@ class SeedRuns:
     def start(self, name: str, agent: SavedAgent, evaluate: Callable[[SavedAgent, int], tuple], *,
               numpy_rng: np.random.Generator | SeedGenerators, replay: ReplayBuffer | SeedReplay,
               video: Callable[[SavedAgent, int], Any] | None = None) -> None:
-        """`Run.start` of each seed: `evaluate(agent, seed)` and `video(agent, seed)` get that seed's agent alone;
+        """`Run.start` of each seed: `evaluate(agent, eval_seed)` and `video(agent, eval_seed)` get that seed's agent
+        alone and the seed of its first evaluation episode (`evaluation_seed`: seeds evaluate on disjoint episodes);
         each seed's checkpoint also keeps its torch generator."""
+        eval_seeds = [evaluation_seed(seed, self.config.eval_episodes) for seed in self.seeds]
         if len(self.runs) == 1:
-            run, seed = self.runs[0], self.seeds[0]
-            run.start(name, agent, evaluate=lambda: evaluate(agent, seed), numpy_rng=numpy_rng, replay=replay,
-                      video=None if video is None else video(agent, seed))
+            run, eval_seed = self.runs[0], eval_seeds[0]
+            run.start(name, agent, evaluate=lambda: evaluate(agent, eval_seed), numpy_rng=numpy_rng, replay=replay,
+                      video=None if video is None else video(agent, eval_seed))
             return
         restored: dict[int, dict] = {}
-        for i, (run, seed) in enumerate(zip(self.runs, self.seeds)):
+        for i, (run, eval_seed) in enumerate(zip(self.runs, eval_seeds)):
             view, generator = SeedView(agent, i, run.config, restored), agent.random.generators[i]
-            run.start(name, view, evaluate=lambda view=view, seed=seed: evaluate(view.snapshot(), seed),
+            run.start(name, view, evaluate=lambda view=view, eval_seed=eval_seed: evaluate(view.snapshot(), eval_seed),
                       numpy_rng=numpy_rng.generators[i], replay=replay.buffers[i],
                       state={"torch_generator": (generator.get_state, generator.set_state)},
-                      video=None if video is None else video(_Latest(view), seed))
+                      video=None if video is None else video(_Latest(view), eval_seed))
         write_seeds_files([run.dir for run in self.runs])
 
     def __enter__(self) -> SeedRuns:
