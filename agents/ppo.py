@@ -4,6 +4,7 @@ actions, ppo.py for Discrete ones (chosen from the env's action space).
 Run:     python -m keelrl.agents.ppo --env-id Hopper-v5
          python -m keelrl.agents.ppo --env-id CartPole-v1
          python -m keelrl.agents.ppo --env-id Hopper-v5 --env-backend envpool --num-envs 8
+         python -m keelrl.agents.ppo --env-id Hopper-v5 --num-seeds 3 --runs-dir runs/ppo-{seed}
 Import:  from keelrl.agents.ppo import PPO, PPOConfig, train, evaluate
 
 The algorithm, top to bottom:
@@ -22,6 +23,10 @@ The algorithm, top to bottom:
 Speed: a rollout is acted by a numpy copy of the networks taken after each update (`RolloutPolicy`; the weights do
 not change within a rollout, and at these sizes a numpy op costs a fraction of a torch op's fixed cost), stored in
 numpy and moved to --device once per rollout for the update, which runs in torch.
+Seeds: `--num-seeds S` trains seeds seed … seed+S−1 in one process, each in a run directory of its own as a run of
+that seed alone: S vector envs and rollouts, the networks stacked along a leading seed axis (keelrl.networks.seeds),
+each seed with its own normalisers, noise and shuffles, the losses of all S computed in one batched pass and each
+seed's gradient clipped by its own norm.
 The rollout building block comes from keelrl.buffers, the networks from keelrl.networks, the run plumbing (logs,
 evaluations, checkpoints mid-rollout included, resume) from keelrl.agents.harness. A run resumed from a
 checkpoint goes on with the very episodes it was in when the envs can be saved (MuJoCo envs: the same numbers as
@@ -32,6 +37,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable
 from typing import Any, Literal
 
 import gymnasium as gym
@@ -40,29 +46,32 @@ import torch
 from torch import nn
 
 from keelrl.agents.harness.checkpoints import SavedSpaceAgent
-from keelrl.agents.harness.loop import Run, TrainResult
+from keelrl.agents.harness.loop import Saved, TrainResult
 from keelrl.agents.harness.options import (
     RunOptions,
-    evaluation_seed,
     require_non_negative,
     require_positive_counts,
     require_positive_widths,
     run_cli,
     validate_run_options,
 )
-from keelrl.buffers.rollout import RolloutBuffer, as_flat_tensors, gae
-from keelrl.envs import make_vec_env, play_episodes
+from keelrl.agents.harness.seeds import SeedGenerators, SeedRuns, validate_seed_group
+from keelrl.buffers.rollout import RolloutBuffer, SeedRollouts, as_flat_tensors, gae
+from keelrl.envs import SeedEnvs, VecEnv, make_vec_env, play_episodes
 from keelrl.envs.video import gym_video
 from keelrl.networks import (
     RewardScaler,
     RunningObsNorm,
     check_device,
+    clip_gradient_norm,
+    loss_function,
     make_optimizer,
     NumpyMLP,
     mlp,
     orthogonal_init_,
     scale_learning_rates,
 )
+from keelrl.networks.seeds import seed_rows
 
 ALGO = "ppo"
 HALF_LOG_2PI = 0.5 * math.log(2 * math.pi)
@@ -119,6 +128,9 @@ class PPOConfig(RunOptions):
     """clip of the scaled rewards"""
     device: str = "cpu"
     """torch device for networks and rollout"""
+    num_seeds: int = 1
+    """train seeds seed, seed+1, …, seed+num_seeds−1 in this one process as one batched network, each in a run
+    directory of its own as a run of that seed alone (--runs-dir may hold {seed}: each seed's is filled in)"""
 
 
 BOX_DEFAULTS = dict(num_envs=1, num_steps=2048, learning_rate=3e-4, num_minibatches=32, update_epochs=10, ent_coef=0.0,
@@ -167,6 +179,10 @@ def validate(config: PPOConfig) -> None:
                          f"{config.num_envs * config.num_steps} transitions (--num-envs × --num-steps).")
     if config.target_kl is not None and config.target_kl <= 0:
         raise ValueError(f"--target-kl must be positive (or None), got {config.target_kl}.")
+    validate_seed_group(config)
+    if config.num_seeds > 1 and config.target_kl is not None:
+        raise ValueError("--target-kl stops a seed's passes over its rollout early, and the seeds of --num-seeds share "
+                         "one optimiser step: train them in separate runs, or leave --target-kl unset.")
 
 
 def check_action_space(action_space: gym.Space, env_id: str) -> None:
@@ -197,10 +213,14 @@ class PPO(SavedSpaceAgent):
         if self.continuous:
             self.actor_logstd = nn.Parameter(torch.zeros(action_outputs))
         self.optimizers = {"ppo": make_optimizer(list(self.parameters()), "adam", config.learning_rate, eps=1e-5)}
-        self.rng = np.random.default_rng(config.seed)
-        """the generator of the rollouts' action noise and the minibatch shuffles (checkpointed as the run's)"""
+        self.rng: np.random.Generator | SeedGenerators = np.random.default_rng(config.seed)
+        """the generator of the rollouts' action noise and the minibatch shuffles (checkpointed as the run's; a seed
+        group's: one per seed)"""
         self.num_updates = 0
         self.total_updates = max(1, config.total_timesteps // (config.num_envs * config.num_steps))
+        # one seed; networks/seeds.stack_seeds makes several, every tensor with a leading seed axis (S, ...)
+        self.num_seeds = 1
+        self._loss = loss_function(self.loss, "fp32", config.device, seeds_of=self)
 
     @property
     def device(self) -> torch.device:
@@ -209,7 +229,8 @@ class PPO(SavedSpaceAgent):
     # ---- acting
 
     def observe(self, obs: np.ndarray) -> np.ndarray:
-        """Raw observations (N, obs_dim) of a training step, folded into the statistics, then standardised."""
+        """Raw observations (N, obs_dim) of a training step (a seed group's (S, N, obs_dim)), folded into the
+        statistics, then standardised."""
         if self.config.normalize_obs:
             self.obs_norm.update(obs)
         return self.standardized(obs)
@@ -247,7 +268,7 @@ class PPO(SavedSpaceAgent):
         return self.env_actions(actions.cpu().numpy())
 
     def scale_rewards(self, rewards: np.ndarray, dones: np.ndarray) -> np.ndarray:
-        """One step's rewards (N,) for the rollout: divided by the running std of the discounted return (folded in
+        """One step's rewards (N,) (a seed group's (S, N)) for the rollout: divided by the running std of the discounted return (folded in
         first) and clipped to ±reward_clip, when configured."""
         if self.reward_scaler is None:
             return rewards
@@ -274,13 +295,16 @@ class PPO(SavedSpaceAgent):
         """V(s) (B,) of standardised observations."""
         return self.critic(obs)[:, 0]
 
-    def batch(self, rollout: RolloutBuffer, next_values: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
-        """The rollout as (T·N, ...) tensors on the agent's device, with GAE advantages and value targets;
-        `next_values`: the values (N,) of the observations after its last step, by return."""
+    def batch(self, rollout: RolloutBuffer | SeedRollouts,
+              next_values: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
+        """The rollout as (T·N, ...) tensors on the agent's device (a seed group's (S, T·N, ...)), with GAE
+        advantages and value targets; `next_values`: the values (N,) (S, N) of the observations after its last
+        step, by return."""
         data = rollout.data
         advantages, returns = gae(data["rewards"], data["values"], data["dones"], next_values["rewards"],
                                   self.config.gamma, self.config.gae_lambda)
-        return as_flat_tensors({**data, "advantages": advantages, "returns": returns}, self.device)
+        return as_flat_tensors({**data, "advantages": advantages, "returns": returns}, self.device,
+                               seed_axis=self.num_seeds > 1)
 
     def surrogate_advantages(self, minibatch: dict[str, torch.Tensor]) -> torch.Tensor:
         """The advantages the clipped surrogate weighs (B,): normalised to mean 0, std 1 per minibatch."""
@@ -318,34 +342,37 @@ class PPO(SavedSpaceAgent):
         loss = policy_loss - self.config.ent_coef * entropy + self.config.vf_coef * value_loss
         return loss, {"policy_loss": policy_loss, "value_loss": value_loss, "entropy": entropy, **stats}
 
-    def update(self, rollout: RolloutBuffer, next_values: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
+    def update(self, rollout: RolloutBuffer | SeedRollouts,
+               next_values: dict[str, np.ndarray]) -> dict[str, torch.Tensor | float]:
         """`update_epochs` passes over the rollout in `num_minibatches` shuffled minibatches, one clipped-gradient
-        Adam step each (the gradient norm clipped per parameter group of the optimiser), the learning rate annealed
-        linearly to 0 over the run; passes stop once the approximate KL of a pass's last minibatch exceeds
-        `target_kl`."""
+        Adam step each (the gradient norm clipped per parameter group of the optimiser, and per seed), the learning
+        rate annealed linearly to 0 over the run; passes stop once the approximate KL of a pass's last minibatch
+        exceeds `target_kl`. A seed group's figures are per seed, (S,)."""
         config, optimizer = self.config, self.optimizers["ppo"]
         if config.anneal_lr:
             scale_learning_rates([optimizer], 1.0 - self.num_updates / self.total_updates)
         batch = self.batch(rollout, next_values)
-        size = len(batch["advantages"])
+        sample_axis = batch["advantages"].dim() - 1  # 0; a seed group's 1, behind the seed axis
+        size = batch["advantages"].shape[sample_axis]
         clipfracs = []
         minibatch_size = size // config.num_minibatches
         for _ in range(config.update_epochs):
-            order = torch.as_tensor(self.rng.permutation(size), device=batch["advantages"].device)
-            shuffled = {name: value[order] for name, value in batch.items()}  # one gather per field and pass
+            order = torch.as_tensor(self.rng.permutation(size), device=self.device)  # (T·N,); a group's (S, T·N)
+            shuffled = {name: seed_rows(value, order) for name, value in batch.items()}  # one gather per field, pass
             for start in range(0, size, minibatch_size):
-                loss, stats = self.loss({name: value[start:start + minibatch_size] for name, value in shuffled.items()})
+                loss, stats = self._loss({name: value.narrow(sample_axis, start, minibatch_size)
+                                          for name, value in shuffled.items()})
                 optimizer.zero_grad(set_to_none=True)
-                loss.backward()
+                loss.sum().backward()  # a seed group's losses (S,): each seed's steps only its own weights
                 for group in optimizer.param_groups:  # PPO's one: policy and value clipped together, as CleanRL's
-                    nn.utils.clip_grad_norm_(group["params"], config.max_grad_norm, foreach=True)
+                    clip_gradient_norm(group["params"], config.max_grad_norm, seed_axis=self.num_seeds > 1)
                 optimizer.step()
                 clipfracs.append(stats["clipfrac"])
             if config.target_kl is not None and stats["approx_kl"] > config.target_kl:
                 break
         self.num_updates += 1
         return {**{f"losses/{name}": value.detach() for name, value in stats.items() if name != "clipfrac"},
-                "losses/clipfrac": torch.stack(clipfracs).mean(),
+                "losses/clipfrac": torch.stack(clipfracs).mean(0),
                 "losses/explained_variance": explained_variance(batch["values"], batch["returns"]),
                 "charts/learning_rate": optimizer.param_groups[0]["lr"]}
 
@@ -361,12 +388,14 @@ class RolloutPolicy:
         self.actor = NumpyMLP(agent.actor)
         self.critics = {name: NumpyMLP(network) for name, network in agent.value_networks().items()}
         if self.continuous:
-            self.log_std = agent.actor_logstd.detach().cpu().numpy().copy()  # (A,)
+            log_std = agent.actor_logstd.detach().cpu().numpy().copy()  # (A,); a seed group's (S, A)
+            self.log_std = log_std if agent.num_seeds == 1 else log_std[:, None]  # (S, 1, A) against (S, B, A)
             self.std = np.exp(self.log_std)
 
     def values(self, obs: np.ndarray) -> dict[str, np.ndarray]:
-        """The value (B,) of every return, by the rollout field it sums, for standardised observations."""
-        return {name: critic(obs)[:, 0] for name, critic in self.critics.items()}
+        """The value (B,) of every return, by the rollout field it sums, for standardised observations (a seed
+        group's: (S, B))."""
+        return {name: critic(obs)[..., 0] for name, critic in self.critics.items()}
 
     def bootstraps(self, final_obs: np.ndarray, truncated: np.ndarray, gamma: float) -> dict[str, np.ndarray]:
         """γ V(true final observation) (N,) where the episode was truncated, 0 elsewhere, for every value: what a
@@ -375,24 +404,27 @@ class RolloutPolicy:
         return {name: gamma * value * truncated for name, value in self.values(final_obs).items()}
 
     def explore(self, obs: np.ndarray) -> tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]:
-        """A sampled action (B, A) or (B,), its log-probability (B,) and the values, for standardised observations."""
+        """A sampled action (B, A) or (B,), its log-probability (B,) and the values, for standardised observations
+        (a seed group's: (S, B, ...), each seed's noise from its own generator)."""
         outputs = self.actor(obs)  # Box: the means (B, A); Discrete: the logits (B, n)
         if self.continuous:  # a = μ + σ ε, log π(a|s) = Σ −(ε²/2 + log σ + log √(2π))
-            noise = self.rng.standard_normal(outputs.shape, dtype=np.float32)
+            noise = self.rng.standard_normal(outputs.shape[-2:], dtype=np.float32)  # (B, A), or one per seed
             actions = outputs + self.std * noise
             log_probs = -(0.5 * noise * noise + self.log_std + HALF_LOG_2PI).sum(-1)
         else:  # the Gumbel-max trick: argmax(logits + Gumbel noise) is a sample of the softmax
             shifted = outputs - outputs.max(-1, keepdims=True)
             all_log_probs = shifted - np.log(np.exp(shifted).sum(-1, keepdims=True))  # (B, n)
-            actions = (all_log_probs + self.rng.gumbel(size=outputs.shape)).argmax(-1)
-            log_probs = np.take_along_axis(all_log_probs, actions[:, None], -1)[:, 0]
+            actions = (all_log_probs + self.rng.gumbel(size=outputs.shape[-2:])).argmax(-1)
+            log_probs = np.take_along_axis(all_log_probs, actions[..., None], -1)[..., 0]
         return actions, log_probs, self.values(obs)
 
 
 def explained_variance(predicted: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-    """1 − Var(target − predicted) / Var(target) (NaN when the target does not vary)."""
-    variance = target.var(unbiased=False)
-    return 1.0 - (target - predicted).var(unbiased=False) / variance if variance > 0 else torch.tensor(float("nan"))
+    """1 − Var(target − predicted) / Var(target) over the last axis (a seed group's: per seed), NaN where the
+    target does not vary."""
+    variance = target.var(-1, unbiased=False)
+    explained = 1.0 - (target - predicted).var(-1, unbiased=False) / variance
+    return torch.where(variance > 0, explained, torch.nan)
 
 
 def evaluate(agent: PPO, env_id: str, episodes: int = 10, seed: int = 0,
@@ -402,27 +434,30 @@ def evaluate(agent: PPO, env_id: str, episodes: int = 10, seed: int = 0,
 
 
 def train(config: PPOConfig) -> TrainResult:
-    """Collect rollouts and update on each until `total_timesteps` environment steps."""
-    run = Run(resolve(config) if config.resume is None else config, ALGO, validate, total="total_timesteps")
+    """Collect rollouts and update on each until `total_timesteps` environment steps (each seed of --num-seeds in
+    its own run directory; the first seed's result is returned)."""
+    run = SeedRuns(resolve(config) if config.resume is None else config, ALGO, validate, total="total_timesteps")
     config = run.config
-    env = make_vec_env(config.env_id, config.num_envs, config.seed + run.step, config.env_backend)
+    env = run.group(lambda seed: make_vec_env(config.env_id, config.num_envs, seed + run.step, config.env_backend))
     check_action_space(env.single_action_space, config.env_id)
     obs_dim = int(np.prod(env.single_observation_space.shape))
-    agent = PPO(obs_dim, env.single_action_space, config).to(config.device)
-    rollout = RolloutBuffer(config.num_steps, config.num_envs, (obs_dim,), env.single_action_space.shape)
-    eval_seed = evaluation_seed(config.seed, config.eval_episodes)  # evaluation episode i is seeded eval_seed + i
+    agent = run.agent(lambda: PPO(obs_dim, env.single_action_space, config)).to(config.device)
+    agent.rng = run.numpy_rng()  # each seed's own generator (one seed: the one PPO made, seeded alike)
+    rollout = run.group(lambda seed: RolloutBuffer(config.num_steps, config.num_envs, (obs_dim,),
+                                                   env.single_action_space.shape))
     obs, _ = env.reset()
-    run.start(config.env_id, agent, evaluate=lambda: evaluate(agent, config.env_id, config.eval_episodes, eval_seed),
-              numpy_rng=agent.rng, state={"rollout": (rollout.state_dict, rollout.load_state_dict),
-                                          "episodes": (env.episode_state, env.load_episode_state)},
-              video=gym_video(config.env_id, lambda obs: agent.act(obs, deterministic=True), eval_seed))
+    # evaluation episode i of a seed is seeded eval_seed + i (SeedRuns gives each seed its own)
+    run.start(config.env_id, agent, numpy_rng=agent.rng, state=rollout_state(run, env, rollout),
+              evaluate=lambda agent, eval_seed: evaluate(agent, config.env_id, config.eval_episodes, eval_seed),
+              video=lambda agent, eval_seed: gym_video(config.env_id, lambda obs: agent.act(obs, deterministic=True),
+                                                       eval_seed))
     policy = agent.rollout_policy()  # taken after a resumed run's weights are loaded
     if run.resumed:
         obs = go_on_with_the_rollout(agent, policy, rollout, obs, run.checkpoint["episodes"] is not None)
 
     with run, env:
         for _ in run.steps(config.num_envs):
-            obs_acted_on = agent.observe(obs)
+            obs_acted_on = agent.observe(obs)  # (N, obs_dim); a seed group's (S, N, obs_dim), and so on below
             actions, log_probs, values = policy.explore(obs_acted_on)
             next_obs, rewards, terminated, truncated, info = env.step(agent.env_actions(actions))
             rewards = agent.scale_rewards(rewards, terminated | truncated)
@@ -440,8 +475,19 @@ def train(config: PPOConfig) -> TrainResult:
     return run.result()
 
 
-def go_on_with_the_rollout(agent: PPO, policy: RolloutPolicy, rollout: RolloutBuffer, new_obs: np.ndarray,
-                           episodes_continue: bool) -> np.ndarray:
+def rollout_state(run: SeedRuns, env: VecEnv | SeedEnvs,
+                  rollout: RolloutBuffer | SeedRollouts) -> Callable[[int], dict[str, Saved]]:
+    """What seed i's checkpoint keeps besides its agent: its rollout so far and its envs' episodes in progress."""
+    def saved(i: int) -> dict[str, Saved]:
+        seed_rollout, seed_env = run.part(rollout, i), run.part(env, i)
+        return {"rollout": (seed_rollout.state_dict, seed_rollout.load_state_dict),
+                "episodes": (seed_env.episode_state, seed_env.load_episode_state)}
+
+    return saved
+
+
+def go_on_with_the_rollout(agent: PPO, policy: RolloutPolicy, rollout: RolloutBuffer | SeedRollouts,
+                           new_obs: np.ndarray, episodes_continue: bool) -> np.ndarray:
     """The observations a resumed run acts on next: the ones the checkpoint saved when the envs went on with their
     episodes; else `new_obs`, the first of new episodes, the interrupted ones ending at the rollout's last step as
     truncations (bootstrapped from the value of the observation that followed it)."""

@@ -25,6 +25,7 @@ The algorithm, top to bottom (what differs from agents/ppo.py is all in this fil
 OmniSafe's PPO underneath differs from CleanRL's, which keelrl keeps: 20,000 steps per epoch, 40 updates of
 minibatch 64 with KL early stopping at 0.02, no entropy bonus, gradient norm 40, a critic weight penalty, no
 reward normalisation (PPOLag.yaml:36-60). The task must report `info["cost"]` (keelrl/Safe*Velocity-v1).
+`--num-seeds` trains several seeds as one batched network, each with its own cost value and λ, as PPO does.
 """
 
 from __future__ import annotations
@@ -37,12 +38,13 @@ import numpy as np
 import torch
 from torch import nn
 
-from keelrl.agents.harness.loop import Run, TrainResult
-from keelrl.agents.harness.options import evaluation_seed, run_cli
+from keelrl.agents.harness.loop import TrainResult
+from keelrl.agents.harness.options import run_cli
+from keelrl.agents.harness.seeds import SeedRuns
 from keelrl.agents.lagrange import LagrangeOptions, build_multiplier, final_cost_lines, validate_lagrange
-from keelrl.agents.ppo import PPO, PPOConfig, check_action_space, evaluate, go_on_with_the_rollout, resolve
+from keelrl.agents.ppo import PPO, PPOConfig, check_action_space, evaluate, go_on_with_the_rollout, resolve, rollout_state
 from keelrl.agents.ppo import validate as validate_ppo
-from keelrl.buffers.rollout import RolloutBuffer, as_flat_tensors, gae
+from keelrl.buffers.rollout import RolloutBuffer, SeedRollouts, as_flat_tensors, gae
 from keelrl.envs import make_vec_env
 from keelrl.envs.safety import require_cost_task
 from keelrl.envs.video import gym_video
@@ -95,13 +97,17 @@ class PPOLag(PPO):
         """V and V_c, by the rollout field each sums."""
         return {"rewards": self.critic, "costs": self.cost_critic}
 
-    def batch(self, rollout: RolloutBuffer, next_values: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
-        """PPO's batch plus the cost advantages, centred on the rollout's mean, and the cost value targets."""
+    def batch(self, rollout: RolloutBuffer | SeedRollouts,
+              next_values: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
+        """PPO's batch plus the cost advantages, centred on the rollout's mean (a seed group's: on each seed's), and
+        the cost value targets."""
         data = rollout.data
         cost_advantages, cost_returns = gae(data["costs"], data["cost_values"], data["dones"], next_values["costs"],
-                                            self.config.gamma, self.config.gae_lambda)
-        cost_fields = {"cost_advantages": cost_advantages - cost_advantages.mean(), "cost_returns": cost_returns}
-        return {**super().batch(rollout, next_values), **as_flat_tensors(cost_fields, self.device)}
+                                            self.config.gamma, self.config.gae_lambda)  # (T, N); a group's (S, T, N)
+        centred = cost_advantages - cost_advantages.mean(axis=(-2, -1), keepdims=True)
+        cost_fields = {"cost_advantages": centred, "cost_returns": cost_returns}
+        return {**super().batch(rollout, next_values),
+                **as_flat_tensors(cost_fields, self.device, seed_axis=self.num_seeds > 1)}
 
     def surrogate_advantages(self, minibatch: dict[str, torch.Tensor]) -> torch.Tensor:
         """(A_r − λ A_c) / (1 + λ) (B,), A_r PPO's normalised advantage."""
@@ -114,37 +120,40 @@ class PPOLag(PPO):
         cost_loss = 0.5 * (self.cost_value(minibatch["obs"]) - minibatch["cost_returns"]).pow(2).mean()
         return loss + self.config.vf_coef * cost_loss, {**stats, "cost_value_loss": cost_loss}
 
-    def update(self, rollout: RolloutBuffer, next_values: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
+    def update(self, rollout: RolloutBuffer | SeedRollouts,
+               next_values: dict[str, np.ndarray]) -> dict[str, torch.Tensor | float]:
         """PPO's update; λ is logged with it."""
         return {**super().update(rollout, next_values), "losses/lagrange_multiplier": self.lagrange_multiplier.clone()}
 
 
 def train(config: PPOLagConfig) -> TrainResult:
     """PPO's loop with costs: stored per step, λ stepped per rollout on the episodes that ended in it; the final
-    evaluation cost is reported beside the limit."""
+    evaluation cost is reported beside the limit (each seed of --num-seeds in its own run directory; the first
+    seed's result is returned)."""
     if config.resume is None:
         require_cost_task(config.env_id, config.env_backend, "PPO-Lag")  # before `resolve` makes the env to see it
-    run = Run(resolve(config) if config.resume is None else config, ALGO, validate, total="total_timesteps")
+    run = SeedRuns(resolve(config) if config.resume is None else config, ALGO, validate, total="total_timesteps")
     config = run.config
-    env = make_vec_env(config.env_id, config.num_envs, config.seed + run.step, config.env_backend)
+    env = run.group(lambda seed: make_vec_env(config.env_id, config.num_envs, seed + run.step, config.env_backend))
     check_action_space(env.single_action_space, config.env_id)
     obs_dim = int(np.prod(env.single_observation_space.shape))
-    agent = PPOLag(obs_dim, env.single_action_space, config).to(config.device)
-    rollout = RolloutBuffer(config.num_steps, config.num_envs, (obs_dim,), env.single_action_space.shape,
-                            store_cost=True)
-    eval_seed = evaluation_seed(config.seed, config.eval_episodes)  # evaluation episode i is seeded eval_seed + i
+    agent = run.agent(lambda: PPOLag(obs_dim, env.single_action_space, config)).to(config.device)
+    agent.rng = run.numpy_rng()  # each seed's own generator (one seed: the one PPO made, seeded alike)
+    rollout = run.group(lambda seed: RolloutBuffer(config.num_steps, config.num_envs, (obs_dim,),
+                                                   env.single_action_space.shape, store_cost=True))
     obs, _ = env.reset()
-    run.start(config.env_id, agent, evaluate=lambda: evaluate(agent, config.env_id, config.eval_episodes, eval_seed),
-              numpy_rng=agent.rng, state={"rollout": (rollout.state_dict, rollout.load_state_dict),
-                                          "episodes": (env.episode_state, env.load_episode_state)},
-              video=gym_video(config.env_id, lambda obs: agent.act(obs, deterministic=True), eval_seed))
+    # evaluation episode i of a seed is seeded eval_seed + i (SeedRuns gives each seed its own)
+    run.start(config.env_id, agent, numpy_rng=agent.rng, state=rollout_state(run, env, rollout),
+              evaluate=lambda agent, eval_seed: evaluate(agent, config.env_id, config.eval_episodes, eval_seed),
+              video=lambda agent, eval_seed: gym_video(config.env_id, lambda obs: agent.act(obs, deterministic=True),
+                                                       eval_seed))
     policy = agent.rollout_policy()  # taken after a resumed run's weights are loaded
     if run.resumed:
         obs = go_on_with_the_rollout(agent, policy, rollout, obs, run.checkpoint["episodes"] is not None)
 
     with run, env:
         for _ in run.steps(config.num_envs):
-            obs_acted_on = agent.observe(obs)
+            obs_acted_on = agent.observe(obs)  # (N, obs_dim); a seed group's (S, N, obs_dim), and so on below
             actions, log_probs, values = policy.explore(obs_acted_on)
             next_obs, rewards, terminated, truncated, info = env.step(agent.env_actions(actions))
             rewards, costs = agent.scale_rewards(rewards, terminated | truncated), info["cost"]
@@ -155,14 +164,13 @@ def train(config: PPOLagConfig) -> TrainResult:
             rollout.add(obs=obs_acted_on, actions=actions, log_probs=log_probs, values=values["rewards"],
                         rewards=rewards, costs=costs, cost_values=values["costs"], dones=terminated | truncated)
             obs = rollout.next_obs = next_obs
-            rollout.episode_costs.extend(run.record_episodes(info).tolist())
-            if rollout.full:
-                if rollout.episode_costs:  # λ first, on this rollout's finished episodes; then the policy
-                    agent.lagrange.observe(np.array(rollout.episode_costs), run.step)
+            rollout.add_episode_costs(run.record_episodes(info))
+            if rollout.full:  # λ first, on this rollout's finished episodes (each seed's on its own); then the policy
+                agent.lagrange.observe(rollout.episode_costs, run.step)
                 run.log(agent.update(rollout, policy.values(agent.standardized(obs))))
                 rollout.clear()
                 policy = agent.rollout_policy()
-    return run.result(*final_cost_lines(run, config.cost_limit))
+    return run.result(lambda seed_run: final_cost_lines(seed_run, config.cost_limit))
 
 
 if __name__ == "__main__":

@@ -755,8 +755,8 @@ def run_grids(
 def seed_batches(cells: list[Cell], batch_seeds: bool) -> list[list[Cell]]:
     """The cells as processes, in the order of `cells`: the cells whose runs to resume are seeds of one group
     (seeds.json) as one process, with or without `batch_seeds` (`--resume` of any seed's run resumes them all); with
-    `batch_seeds`, the new cells of one entry and task whose agent takes --num-seeds (SAC, TD3 and their Lagrangian
-    forms) as one process when their seeds follow one another; every other cell alone."""
+    `batch_seeds`, the new cells of one entry and task whose agent takes --num-seeds (SAC, TD3, PPO and their
+    Lagrangian forms) as one process when their seeds follow one another; every other cell alone."""
     batches: dict[tuple[Any, ...], list[Cell]] = {}
     for cell in cells:
         batches.setdefault(_process_key(cell, batch_seeds), []).append(cell)
@@ -894,9 +894,9 @@ class Args:
     track: bool = False
     """log every run to Weights & Biases (keelrl[wandb]), each grid in its own group"""
     batch_seeds: bool = False
-    """run the seeds of an agent entry's task as one process (--num-seeds: SAC, TD3, SAC-Lag, TD3-Lag), one batched
-    network for all of them, where the seeds follow one another; each seed's run still lands in its own cell
-    directory"""
+    """run the seeds of an agent entry's task as one process (--num-seeds: SAC, TD3, PPO and their Lagrangian
+    forms), one batched network for all of them, where the seeds follow one another; each seed's run still lands in
+    its own cell directory"""
 
 
 def grids_from_args(args: Args) -> list[Grid]:

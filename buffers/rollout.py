@@ -22,18 +22,19 @@ COST_FIELDS = ("costs", "cost_values")
 
 def gae(rewards: np.ndarray, values: np.ndarray, dones: np.ndarray, next_values: np.ndarray, gamma: float,
         lam: float) -> tuple[np.ndarray, np.ndarray]:
-    """Generalised advantage estimation over a rollout (T, N): advantages and returns (advantages + values).
+    """Generalised advantage estimation over a rollout (T, N) (a seed group's (S, T, N)): advantages and returns
+    (advantages + values).
 
-    δ_t = r_t + γ (1 − d_t) V_{t+1} − V_t, A_t = δ_t + γλ (1 − d_t) A_{t+1}, with V_T = `next_values` (N,), the
-    value of the observation after the last step."""
+    δ_t = r_t + γ (1 − d_t) V_{t+1} − V_t, A_t = δ_t + γλ (1 − d_t) A_{t+1}, with V_T = `next_values` (N,) (a seed
+    group's (S, N)), the value of the observation after the last step."""
     advantages = np.zeros_like(rewards)
     last = np.zeros_like(next_values)
     following = next_values
-    for t in reversed(range(len(rewards))):
-        not_done = 1.0 - dones[t]
-        delta = rewards[t] + gamma * not_done * following - values[t]
-        advantages[t] = last = delta + gamma * lam * not_done * last
-        following = values[t]
+    for t in reversed(range(rewards.shape[-2])):
+        not_done = 1.0 - dones[..., t, :]
+        delta = rewards[..., t, :] + gamma * not_done * following - values[..., t, :]
+        advantages[..., t, :] = last = delta + gamma * lam * not_done * last
+        following = values[..., t, :]
     return advantages, advantages + values
 
 
@@ -63,6 +64,10 @@ class RolloutBuffer:
         for name, value in step.items():
             self.data[name][self.step] = value
         self.step += 1
+
+    def add_episode_costs(self, costs: np.ndarray) -> None:
+        """The costs of the episodes that ended at the last step."""
+        self.episode_costs.extend(costs.tolist())
 
     def clear(self) -> None:
         """Start the next rollout (the storage is overwritten, not freed)."""
@@ -98,6 +103,58 @@ class RolloutBuffer:
             value[: self.step] = state[name].numpy()
 
 
-def as_flat_tensors(arrays: dict[str, np.ndarray], device: str | torch.device) -> dict[str, torch.Tensor]:
-    """Rollout-shaped arrays (T, N, ...) as (T·N, ...) tensors on `device`: one copy per field and rollout."""
-    return {name: torch.from_numpy(value.reshape(-1, *value.shape[2:])).to(device) for name, value in arrays.items()}
+class SeedRollouts:
+    """The rollouts of S seeds used as one (several seeds trained in one process): `add` takes arrays with a leading
+    seed axis, (S, num_envs, ...), `data` and `next_obs` give them stacked, (S, num_steps, num_envs, ...) and
+    (S, num_envs, ...); each seed's own rollout (`buffers`) is what that seed's checkpoint keeps."""
+
+    def __init__(self, buffers: list[RolloutBuffer]):
+        self.buffers = buffers
+
+    @property
+    def full(self) -> bool:
+        return self.buffers[0].full
+
+    @property
+    def data(self) -> dict[str, np.ndarray]:
+        return {name: np.stack([buffer.data[name] for buffer in self.buffers]) for name in self.buffers[0].data}
+
+    @property
+    def next_obs(self) -> np.ndarray | None:
+        return None if self.buffers[0].next_obs is None else np.stack([buffer.next_obs for buffer in self.buffers])
+
+    @next_obs.setter
+    def next_obs(self, next_obs: np.ndarray) -> None:
+        for buffer, seed_next_obs in zip(self.buffers, next_obs, strict=True):
+            buffer.next_obs = seed_next_obs
+
+    @property
+    def episode_costs(self) -> list[list[float]]:
+        """Each seed's episode costs of this rollout."""
+        return [buffer.episode_costs for buffer in self.buffers]
+
+    def add(self, **step: np.ndarray) -> None:
+        for i, buffer in enumerate(self.buffers):
+            buffer.add(**{name: value[i] for name, value in step.items()})
+
+    def add_episode_costs(self, costs: list[np.ndarray]) -> None:
+        for buffer, seed_costs in zip(self.buffers, costs, strict=True):
+            buffer.add_episode_costs(seed_costs)
+
+    def clear(self) -> None:
+        for buffer in self.buffers:
+            buffer.clear()
+
+    def truncate_last_step(self, bootstraps: dict[str, np.ndarray], gamma: float) -> None:
+        """Each seed's `RolloutBuffer.truncate_last_step`, with its values (S, N)."""
+        for i, buffer in enumerate(self.buffers):
+            buffer.truncate_last_step({name: values[i] for name, values in bootstraps.items()}, gamma)
+
+
+def as_flat_tensors(arrays: dict[str, np.ndarray], device: str | torch.device,
+                    seed_axis: bool = False) -> dict[str, torch.Tensor]:
+    """Rollout-shaped arrays (T, N, ...) as (T·N, ...) tensors on `device` (with `seed_axis`, a seed group's
+    (S, T, N, ...) as (S, T·N, ...)): one copy per field and rollout."""
+    lead = int(seed_axis)
+    return {name: torch.from_numpy(value.reshape(*value.shape[:lead], -1, *value.shape[lead + 2:])).to(device)
+            for name, value in arrays.items()}

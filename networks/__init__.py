@@ -18,6 +18,7 @@ from keelrl.networks.streaming import ObGD, StreamMLP, sparse_init_
 from keelrl.networks.training import (
     check_device,
     check_precision,
+    clip_gradient_norm,
     frozen,
     loss_function,
     make_optimizer,
@@ -36,5 +37,5 @@ __all__ = ["mlp", "orthogonal_init_", "NumpyMLP", "EnsembleLinear", "EnsembleMLP
            "SimbaV2Encoder", "SimbaV2Critic", "SimbaV2Actor", "SimbaV2DeterministicActor", "RewardScaler",
            "ObGD", "StreamMLP", "sparse_init_", "td_target",
            "NetworkOptions", "build_actor", "build_critic", "build_head", "validate_network_options",
-           "check_device", "loss_function", "make_optimizer", "optimizer_step", "scale_learning_rates", "soft_update", "frozen",
+           "check_device", "clip_gradient_norm", "loss_function", "make_optimizer", "optimizer_step", "scale_learning_rates", "soft_update", "frozen",
            "pack_training_state", "unpack_training_state", "check_precision", "matmul_precision"]

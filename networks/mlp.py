@@ -65,14 +65,19 @@ class NumpyMLP:
         for layer in net:
             if isinstance(layer, nn.Linear):  # weight (out, in) kept transposed, (in, out), for x @ W
                 weight, bias = layer.weight.detach(), layer.bias.detach()
-                self.layers.append((weight.T.float().numpy(force=True).copy(), bias.float().numpy(force=True).copy()))
+                if weight.dim() == 3:  # a seed group's (S, out, in), (S, out): (S, in, out), (S, 1, out)
+                    weight, bias = weight.transpose(-2, -1), bias.unsqueeze(-2)
+                else:
+                    weight = weight.T
+                self.layers.append((weight.float().numpy(force=True).copy(), bias.float().numpy(force=True).copy()))
             elif type(layer) in self.ACTIVATIONS:
                 self.layers.append(self.ACTIVATIONS[type(layer)])
             else:
                 raise TypeError(f"NumpyMLP copies Linear, Tanh and ReLU layers, not {type(layer).__name__}.")
 
     def __call__(self, x: np.ndarray) -> np.ndarray:
-        """(B, in) float32 -> (B, out) float32."""
+        """(B, in) float32 -> (B, out) float32 (a seed group's (S, B, in) -> (S, B, out), each seed by its own
+        weights)."""
         for layer in self.layers:
             x = x @ layer[0] + layer[1] if isinstance(layer, tuple) else layer(x)
         return x

@@ -98,9 +98,11 @@ class RunningObsNorm(nn.Module):
         return statistic.view(statistic.shape[0], *[1] * (x.dim() - statistic.dim()), *self.shape)
 
     def standardize(self, obs: np.ndarray) -> np.ndarray:
-        """`forward` for a numpy batch (B, *shape) -> float32, computed in float64: for acting loops on the CPU,
-        where a handful of numpy ops cost less than torch's."""
+        """`forward` for a numpy batch (B, *shape) (a seed group's (S, B, *shape)) -> float32, computed in float64:
+        for acting loops on the CPU, where a handful of numpy ops cost less than torch's."""
         mean, var = self.mean.numpy(force=True), self.var.numpy(force=True)
+        if mean.ndim > len(self.shape):  # a seed group's (S, *shape), as (S, 1, *shape) against (S, B, *shape)
+            mean, var = np.expand_dims(mean, 1), np.expand_dims(var, 1)
         scale = np.sqrt(var + self.eps) if self.eps_on == "var" else np.sqrt(var) + self.eps
         scaled = (obs - mean) / scale
         if self.clip is not None:

@@ -143,13 +143,24 @@ class SeedMapped:
 
 
 def _seed_dims(arg: Any) -> Any:
-    """vmap's in_dims for an argument: 0 for a tensor, None for None or a number, field by field for a tuple."""
+    """vmap's in_dims for an argument: 0 for a tensor, None for None or a number, field by field for a tuple or a
+    dict."""
     if isinstance(arg, torch.Tensor):
         return 0
+    if isinstance(arg, dict):
+        return {name: _seed_dims(value) for name, value in arg.items()}
     if isinstance(arg, tuple):
         return type(arg)(*(_seed_dims(field) for field in arg)) if hasattr(arg, "_fields") else \
             tuple(_seed_dims(field) for field in arg)
     return None
+
+
+def seed_rows(tensor: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """Rows `index` (k,) of `tensor` (N, ...): (k, ...); a seed group's, index (S, k) of (S, N, ...): each seed's
+    own rows, (S, k, ...)."""
+    if index.dim() == 1:
+        return tensor[index]
+    return tensor[torch.arange(len(index), device=index.device)[:, None], index]
 
 
 def slice_training_state(state: dict[str, Any], seed_index: int) -> dict[str, Any]:

@@ -304,7 +304,10 @@ class RewardScaler(nn.Module):
         return torch.maximum(std, self.max_abs_return / self.v_max)
 
     def scale(self, rewards: np.ndarray) -> np.ndarray:
-        """`forward` for a numpy batch of rewards, the denominator in Python floats: for acting loops on the CPU."""
+        """`forward` for a numpy batch of rewards (B,), the denominator in Python floats: for acting loops on the
+        CPU (a seed group's (S, B), each seed's by its own denominator, in the rewards' dtype)."""
+        if self.max_abs_return.dim() > 0:
+            return rewards / self.denominator().numpy(force=True).astype(rewards.dtype)[:, None]
         std = math.sqrt(self.return_stats.var.item() + self.eps)
         return rewards / max(std, self.max_abs_return.item() / self.v_max)
 

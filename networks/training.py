@@ -49,6 +49,20 @@ def optimizer_step(optimizer: torch.optim.Optimizer, loss: torch.Tensor, network
 
 
 @torch.no_grad()
+def clip_gradient_norm(params: list[nn.Parameter], max_norm: float, seed_axis: bool = False) -> None:
+    """Scale the gradients of `params` down to a global norm of at most `max_norm` (torch's clip_grad_norm_); with
+    `seed_axis`, a seed group's (leading seed axis, networks/seeds.py): each seed's by its own global norm."""
+    if not seed_axis:
+        nn.utils.clip_grad_norm_(params, max_norm, foreach=True)
+        return
+    grads = [param.grad for param in params if param.grad is not None]
+    norms = torch.stack([torch.linalg.vector_norm(grad.flatten(1), dim=1) for grad in grads])  # (P, S)
+    scale = (max_norm / (torch.linalg.vector_norm(norms, dim=0) + 1e-6)).clamp(max=1.0)  # (S,)
+    for grad in grads:
+        grad.mul_(scale.view(-1, *[1] * (grad.dim() - 1)))
+
+
+@torch.no_grad()
 def soft_update(target: list[torch.Tensor], online: list[torch.Tensor], tau: float) -> None:
     """Polyak averaging θ' ← θ' + τ(θ − θ'), every tensor at once."""
     torch._foreach_lerp_(target, online, tau)

@@ -136,6 +136,12 @@ def test_the_seeds_speed_script_runs_both_ways_and_writes_its_table(tmp_path):
     graphed = seeds_speed.command(seeds_speed.Args(device="cuda", cudagraphs=True), 1, 10, "runs")
     assert graphed[:3] == [sys.executable, "-m", "keelrl.agents.sac"] and "--cudagraphs" in graphed
     assert graphed[graphed.index("--num-seeds") + 1] == "10" and "taskset" not in graphed
+    on_policy = seeds_speed.command(seeds_speed.Args(algo="ppo"), 1, 3, "runs")
+    assert on_policy[:5] == ["taskset", "-c", "0", sys.executable, "-m"] and on_policy[5] == "keelrl.agents.ppo"
+    assert on_policy[on_policy.index("--hidden-sizes") + 1:][:2] == ["64", "64"]  # PPO's own width
+    assert "--learning-starts" not in on_policy and "--precision" not in on_policy
+    with pytest.raises(SystemExit, match="ppo trains in fp32 without CUDA graphs"):
+        seeds_speed.main(seeds_speed.Args(algo="ppo", precision="bf16"))
 
 
 @pytest.mark.parametrize("when", ["as its run starts", "while its run trains"])

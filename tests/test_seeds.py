@@ -1,7 +1,7 @@
-"""--num-seeds: S seeds of SAC, TD3 or their Lagrangian forms trained in one process as one batched network. Seed i
-trains as a run of seed i alone (same environment seeds, replay samples, noise; losses and weights equal to float
-tolerance), keeps its own α, λ, reward scale and observation statistics, and lives in a run directory of its own
-that loads, evaluates and resumes as a single run's."""
+"""--num-seeds: S seeds of SAC, TD3, PPO or their Lagrangian forms trained in one process as one batched network.
+Seed i trains as a run of seed i alone (same environment seeds, replay samples or rollouts, noise, shuffles; losses
+and weights equal to float tolerance), keeps its own α, λ, reward scale, observation statistics and gradient norm,
+and lives in a run directory of its own that loads, evaluates and resumes as a single run's."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import torch
 
-from keelrl.agents import sac, sac_lag, td3, td3_lag
+from keelrl.agents import ppo, ppo_lag, sac, sac_lag, td3, td3_lag
 from keelrl.agents.harness import loop
 from keelrl.agents.harness.checkpoints import CHECKPOINT_FILE, NEXT_CHECKPOINT_FILE, saved_step
 from keelrl.agents.harness.options import run_cli
@@ -25,12 +25,14 @@ from keelrl.agents.harness.seeds import SEEDS_FILE, SeedView
 from keelrl.buffers import Batch, ReplayBuffer
 from keelrl.envs import CostWrapper
 from keelrl.evaluate import EvaluateConfig, evaluate_saved
+from keelrl.networks import clip_gradient_norm
 from keelrl.networks.seeds import stack_seeds
 
 REPO = Path(__file__).resolve().parents[1]
 AGENTS = {"sac": (sac.SAC, sac.SACConfig, sac.train), "td3": (td3.TD3, td3.TD3Config, td3.train),
           "sac_lag": (sac_lag.SACLag, sac_lag.SACLagConfig, sac_lag.train),
-          "td3_lag": (td3_lag.TD3Lag, td3_lag.TD3LagConfig, td3_lag.train)}
+          "td3_lag": (td3_lag.TD3Lag, td3_lag.TD3LagConfig, td3_lag.train),
+          "ppo": (ppo.PPO, ppo.PPOConfig, ppo.train), "ppo_lag": (ppo_lag.PPOLag, ppo_lag.PPOLagConfig, ppo_lag.train)}
 TINY = dict(env_id="InvertedPendulum-v5", total_timesteps=150, learning_starts=100, batch_size=16,
             hidden_sizes=(16, 16), buffer_size=1_000, eval_freq=0, eval_episodes=2, checkpoint_freq=150, log_freq=10,
             threads=1, quiet=True)
@@ -47,6 +49,12 @@ gym.register("keelrl_test/PendulumCost-v0",
 LAG = dict(env_id="keelrl_test/PendulumCost-v0", cost_limit=2.0, lambda_lr=0.05)
 """InvertedPendulum costing 1 a step for a positive action: each seed's episodes cost differently, so each λ moves
 its own way"""
+
+
+PPO_TINY = dict(env_id="InvertedPendulum-v5", total_timesteps=384, num_envs=2, num_steps=64, num_minibatches=4,
+                update_epochs=2, hidden_sizes=(16, 16), eval_freq=0, eval_episodes=2, checkpoint_freq=400, log_freq=1,
+                threads=1, quiet=True)
+"""3 rollouts of 2 envs × 64 steps, each 2 passes of 4 minibatches"""
 
 
 def recorded(monkeypatch, algo: str) -> tuple[dict[int, list], list]:
@@ -342,3 +350,117 @@ def test_a_compiled_group_learns_as_the_eager_group():
         torch.testing.assert_close(compiled.state_dict()[name], value, rtol=1e-4, atol=1e-5, msg=name)
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] - graphs == 2  # the critic's and the actor's loss
 
+
+
+def recorded_rollout_updates(monkeypatch, agent_cls: type) -> list[dict]:
+    """Every PPO update's losses, from now on."""
+    updates: list[dict] = []
+    update = agent_cls.update
+
+    def recording_update(self, rollout, next_values):
+        losses = update(self, rollout, next_values)
+        updates.append({name: torch.as_tensor(value).clone() for name, value in losses.items()})
+        return losses
+
+    monkeypatch.setattr(agent_cls, "update", recording_update)
+    return updates
+
+
+def seed_dirs(runs_dir: Path) -> dict[int, Path]:
+    return {json.loads((d / "config.json").read_text())["config"]["seed"]: d for d in runs_dir.iterdir()}
+
+
+@pytest.mark.parametrize("algo, options", [
+    ("ppo", {}),  # Box: per-seed observation and reward statistics, action noise, shuffles, gradient norms
+    ("ppo", {"env_id": "CartPole-v1"}),  # Discrete: per-seed Gumbel noise
+    ("ppo_lag", dict(LAG, lambda_lr=0.5)),  # a cost value and λ per seed, λ stepped on each seed's own episodes
+])
+def test_each_seed_of_a_ppo_group_trains_as_its_single_seed_run(algo, options, tmp_path, monkeypatch):
+    agent_cls, config_cls, train = AGENTS[algo]
+    updates = recorded_rollout_updates(monkeypatch, agent_cls)
+    train(config_cls(**{**PPO_TINY, **options}, seed=4, num_seeds=3, runs_dir=str(tmp_path / "group")))
+    group_updates = list(updates)
+    assert len(group_updates) == 3 and group_updates[0]["losses/policy_loss"].shape == (3,)
+    group_dirs = seed_dirs(tmp_path / "group")
+    for i, seed in enumerate((4, 5, 6)):
+        updates.clear()
+        single = train(config_cls(**{**PPO_TINY, **options}, seed=seed, runs_dir=str(tmp_path / f"single{seed}")))
+        # the same environment steps (InvertedPendulum and CartPole count steps): the same actions to the last bit
+        assert (group_dirs[seed] / "episodes.csv").read_text() == (single.run_dir / "episodes.csv").read_text()
+        for group_losses, single_losses in zip(group_updates, updates, strict=True):
+            for name, value in single_losses.items():
+                grouped = group_losses[name] if name == "charts/learning_rate" else group_losses[name][i]
+                torch.testing.assert_close(grouped, value, rtol=1e-5, atol=1e-6, msg=name)
+        grouped, alone = agent_cls.load(group_dirs[seed] / "model.pt"), agent_cls.load(single.run_dir / "model.pt")
+        for (name, tensor), other in zip(grouped.state_dict().items(), alone.state_dict().values(), strict=True):
+            torch.testing.assert_close(tensor, other, rtol=1e-5, atol=1e-6, msg=name)
+        assert grouped.config.seed == seed and grouped.config.num_seeds == 3
+    if algo == "ppo_lag":  # each seed's λ went its own way
+        multipliers = [agent_cls.load(group_dirs[seed] / "model.pt").lagrange_multiplier.item() for seed in (4, 5, 6)]
+        assert len(set(multipliers)) == 3 and min(multipliers) > 0.001
+
+
+@pytest.mark.parametrize("options, episodes_saved", [
+    ({}, True),  # InvertedPendulum's episodes go on from each seed's checkpoint
+    ({"env_id": "CartPole-v1", "normalize_obs": False, "normalize_reward": False}, False),  # new episodes
+])
+def test_a_ppo_group_resumed_mid_rollout_trains_each_seed_as_its_single_run_resumed(options, episodes_saved,
+                                                                                    tmp_path, monkeypatch):
+    """Each seed's checkpoint keeps its own rollout so far and its own envs' episodes: a group killed 8 steps
+    after its checkpoint, 36 steps into a rollout, and resumed ends as each seed's single run killed and resumed."""
+    config = dict(PPO_TINY, **options, checkpoint_freq=200)
+    real_record = loop.Run.record_episodes
+
+    def killed(run, info):
+        if run.step == 216:
+            raise KeyboardInterrupt
+        return real_record(run, info)
+
+    def killed_and_resumed(runs_dir: Path, **seeds) -> dict[int, Path]:
+        monkeypatch.setattr(loop.Run, "record_episodes", killed)
+        with pytest.raises(KeyboardInterrupt):
+            ppo.train(ppo.PPOConfig(**config, **seeds, runs_dir=str(runs_dir)))
+        monkeypatch.undo()
+        run_dirs = seed_dirs(runs_dir)
+        checkpoint = torch.load(run_dirs[seeds["seed"]] / CHECKPOINT_FILE, weights_only=True)
+        assert checkpoint["rollout"]["step"] == 36 and (checkpoint["episodes"] is not None) == episodes_saved
+        ppo.train(ppo.PPOConfig(resume=str(run_dirs[max(run_dirs)]), quiet=True))
+        return run_dirs
+
+    group_dirs = killed_and_resumed(tmp_path / "group", seed=4, num_seeds=2)
+    for seed in (4, 5):
+        (single_dir,) = killed_and_resumed(tmp_path / f"single{seed}", seed=seed).values()
+        assert (group_dirs[seed] / "episodes.csv").read_text() == (single_dir / "episodes.csv").read_text()
+        grouped, alone = (ppo.PPO.load(d / "model.pt").state_dict() for d in (group_dirs[seed], single_dir))
+        for name, tensor in alone.items():
+            torch.testing.assert_close(grouped[name], tensor, rtol=1e-5, atol=1e-6, msg=name)
+    first, second = (ppo.PPO.load(group_dirs[seed] / "model.pt").actor[0].weight for seed in (4, 5))
+    assert not torch.allclose(first, second)
+
+
+def test_each_seeds_gradient_is_clipped_by_its_own_norm():
+    """Seed 0's gradient (norm 5) is scaled to norm 0.5, seed 1's (norm 0.3) left alone, as clip_grad_norm_ does
+    to each alone."""
+    weight, bias = torch.zeros(2, 3, 4, requires_grad=True), torch.zeros(2, 3, requires_grad=True)
+    weight.grad, bias.grad = torch.zeros(2, 3, 4), torch.zeros(2, 3)
+    weight.grad[0, 0, :2], bias.grad[0, 0] = torch.tensor([3.0, 0.0]), 4.0  # norm 5
+    weight.grad[1, 1, 1], bias.grad[1, 2] = 0.3 * 0.6, 0.3 * 0.8  # norm 0.3
+    expected = []
+    for i in range(2):
+        single = [torch.zeros(3, 4, requires_grad=True), torch.zeros(3, requires_grad=True)]
+        single[0].grad, single[1].grad = weight.grad[i].clone(), bias.grad[i].clone()
+        torch.nn.utils.clip_grad_norm_(single, 0.5)
+        expected.append(single)
+    clip_gradient_norm([weight, bias], 0.5, seed_axis=True)
+    for i in range(2):
+        torch.testing.assert_close(weight.grad[i], expected[i][0].grad)
+        torch.testing.assert_close(bias.grad[i], expected[i][1].grad)
+    assert torch.linalg.vector_norm(torch.cat([weight.grad[0].flatten(), bias.grad[0]])) == pytest.approx(0.5, 1e-5)
+    assert bias.grad[1, 2] == pytest.approx(0.24)
+
+
+def test_ppo_refuses_an_early_stop_it_cannot_take_per_seed(tmp_path, capsys):
+    args = ["--num-seeds", "2", "--target-kl", "0.02", "--runs-dir", str(tmp_path), "--quiet"]
+    assert run_cli(ppo.train, ppo.PPOConfig, args) == 2
+    assert capsys.readouterr().err.startswith("error: --target-kl stops a seed's passes over its rollout early")
+    assert not any(tmp_path.iterdir())

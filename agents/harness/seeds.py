@@ -26,10 +26,10 @@ import numpy as np
 import torch
 
 from keelrl.agents.harness.checkpoints import SavedAgent, settle_checkpoints, write_atomically
-from keelrl.agents.harness.loop import Lockstep, Run, TrainResult
+from keelrl.agents.harness.loop import Lockstep, Run, Saved, TrainResult
 from keelrl.agents.harness.options import evaluation_seed
 from keelrl.agents.harness.stopping import RunStopped
-from keelrl.buffers import ReplayBuffer, SeedReplay
+from keelrl.buffers import ReplayBuffer, RolloutBuffer, SeedReplay, SeedRollouts
 from keelrl.envs import SeedEnvs, VecEnv
 from keelrl.networks.seeds import slice_training_state, stack_seeds, stack_training_states
 
@@ -38,13 +38,24 @@ SEEDS_FILE = "seeds.json"
 
 
 class SeedGenerators:
-    """S numpy generators used as one: `uniform` draws each seed's part from its own, stacked (S, *size)."""
+    """S numpy generators used as one: each draw (of `size`, or `permutation(n)`) is each seed's from its own,
+    stacked (S, *size)."""
 
     def __init__(self, generators: list[np.random.Generator]):
         self.generators = generators
 
     def uniform(self, low: np.ndarray, high: np.ndarray, size: tuple[int, ...]) -> np.ndarray:
         return np.stack([rng.uniform(low, high, size) for rng in self.generators])
+
+    def standard_normal(self, size: tuple[int, ...], dtype: type = np.float64) -> np.ndarray:
+        return np.stack([rng.standard_normal(size, dtype=dtype) for rng in self.generators])
+
+    def gumbel(self, size: tuple[int, ...]) -> np.ndarray:
+        return np.stack([rng.gumbel(size=size) for rng in self.generators])
+
+    def permutation(self, n: int) -> np.ndarray:
+        """Each seed's own shuffle of range(n): (S, n)."""
+        return np.stack([rng.permutation(n) for rng in self.generators])
 
 
 class SeedView:
@@ -66,16 +77,17 @@ class SeedView:
             self.group.load_training_state(stack_training_states([self.restored[i] for i in sorted(self.restored)]))
 
     def model_file(self) -> dict[str, Any]:
-        networks = {name: tensor[self.index].clone() for name, tensor in self.group.state_dict().items()}
-        return {"algo": self.group.algo, "config": dataclasses.asdict(self.config), "obs_dim": self.group.obs_dim,
-                "networks": networks}
+        group_file = self.group.model_file()
+        networks = {name: tensor[self.index].clone() for name, tensor in group_file["networks"].items()}
+        return {**group_file, "config": dataclasses.asdict(self.config), "networks": networks}
 
     def save(self, path: str | os.PathLike) -> None:
         write_atomically(Path(path), self.model_file())
 
     def snapshot(self) -> SavedAgent:
         """Seed i's agent alone, as it is now."""
-        self.single = type(self.group).from_model_file(self.model_file()).to(self.group.action_low.device.type)
+        device = next(self.group.parameters()).device
+        self.single = type(self.group).from_model_file(self.model_file()).to(device.type)
         return self.single
 
 
@@ -97,9 +109,14 @@ class SeedRuns:
         """The environment steps each seed has taken (they move in lockstep)."""
         return self.runs[0].step
 
+    @property
+    def checkpoint(self) -> dict[str, Any] | None:
+        """The checkpoint the first seed resumed from (None: a new run); the others' hold the same keys."""
+        return self.runs[0].checkpoint
+
     def group(self, build: Callable[[int], Any]) -> Any:
-        """`build(seed)` of each seed, as one: a VecEnv's become SeedEnvs, a ReplayBuffer's a SeedReplay; one
-        seed: its object itself."""
+        """`build(seed)` of each seed, as one: a VecEnv's become SeedEnvs, a ReplayBuffer's a SeedReplay, a
+        RolloutBuffer's SeedRollouts; one seed: its object itself."""
         parts = [build(seed) for seed in self.seeds]
         if len(parts) == 1:
             return parts[0]
@@ -107,7 +124,15 @@ class SeedRuns:
             return SeedEnvs(parts)
         if isinstance(parts[0], ReplayBuffer):
             return SeedReplay(parts)
-        raise TypeError(f"SeedRuns.group makes vector envs and replay buffers, not {type(parts[0]).__name__}.")
+        if isinstance(parts[0], RolloutBuffer):
+            return SeedRollouts(parts)
+        raise TypeError(f"SeedRuns.group makes vector envs, replay buffers and rollouts, not {type(parts[0]).__name__}.")
+
+    def part(self, group: Any, index: int) -> Any:
+        """Seed `index`'s own env, replay buffer or rollout of what `group` made (one seed: the object itself)."""
+        if len(self.seeds) == 1:
+            return group
+        return group.envs[index] if isinstance(group, SeedEnvs) else group.buffers[index]
 
     def agent(self, build: Callable[[], SavedAgent]) -> SavedAgent:
         """`build()` (one seed), or S agents built each as a run of its seed builds it, stacked into one."""
@@ -121,24 +146,27 @@ class SeedRuns:
         return generators[0] if len(generators) == 1 else SeedGenerators(generators)
 
     def start(self, name: str, agent: SavedAgent, evaluate: Callable[[SavedAgent, int], tuple], *,
-              numpy_rng: np.random.Generator | SeedGenerators, replay: ReplayBuffer | SeedReplay,
+              numpy_rng: np.random.Generator | SeedGenerators, replay: ReplayBuffer | SeedReplay | None = None,
+              state: Callable[[int], dict[str, Saved]] | None = None,
               video: Callable[[SavedAgent, int], Any] | None = None) -> None:
         """`Run.start` of each seed: `evaluate(agent, eval_seed)` and `video(agent, eval_seed)` get that seed's agent
         alone and the seed of its first evaluation episode (`evaluation_seed`: seeds evaluate on disjoint episodes);
-        each seed's checkpoint also keeps its torch generator."""
+        `state(i)`: what seed i's checkpoint keeps besides (`Run.start`'s `state`; `part` gives each seed's own env
+        or rollout); each seed's checkpoint also keeps its torch generator."""
         eval_seeds = [evaluation_seed(seed, self.config.eval_episodes) for seed in self.seeds]
         if len(self.runs) == 1:
             run, eval_seed = self.runs[0], eval_seeds[0]
             run.start(name, agent, evaluate=lambda: evaluate(agent, eval_seed), numpy_rng=numpy_rng, replay=replay,
+                      state=None if state is None else state(0),
                       video=None if video is None else video(agent, eval_seed))
             return
         restored: dict[int, dict] = {}
         for i, (run, eval_seed) in enumerate(zip(self.runs, eval_seeds)):
             view, generator = SeedView(agent, i, run.config, restored), agent.random.generators[i]
+            saved = {"torch_generator": (generator.get_state, generator.set_state), **(state(i) if state else {})}
             run.start(name, view, evaluate=lambda view=view, eval_seed=eval_seed: evaluate(view.snapshot(), eval_seed),
-                      numpy_rng=numpy_rng.generators[i], replay=replay.buffers[i],
-                      state={"torch_generator": (generator.get_state, generator.set_state)},
-                      video=None if video is None else video(_Latest(view), eval_seed))
+                      numpy_rng=numpy_rng.generators[i], replay=None if replay is None else replay.buffers[i],
+                      state=saved, video=None if video is None else video(_Latest(view), eval_seed))
         write_seeds_files([run.dir for run in self.runs])
 
     def __enter__(self) -> SeedRuns:
@@ -178,13 +206,14 @@ class SeedRuns:
             return self.runs[0].record_episodes(info)
         return [run.record_episodes(seed_info) for run, seed_info in zip(self.runs, info["seeds"])]
 
-    def log(self, losses: dict[str, torch.Tensor]) -> None:
-        """An update's losses: each seed's part (a seed group's losses have the seed axis in front)."""
+    def log(self, losses: dict[str, torch.Tensor | float]) -> None:
+        """An update's losses: each seed's part (a seed group's tensors have the seed axis in front; a number, the
+        same for every seed, as it is)."""
         if len(self.runs) == 1:
             self.runs[0].log(losses)
             return
         for i, run in enumerate(self.runs):
-            run.log({name: value[i] for name, value in losses.items()})
+            run.log({name: value[i] if isinstance(value, torch.Tensor) else value for name, value in losses.items()})
 
     def result(self, lines: Callable[[Run], list[str]] = lambda run: []) -> TrainResult:
         """Each seed's `Run.result`, with the lines `lines(run)` makes of that seed's run (its final evaluation, say);

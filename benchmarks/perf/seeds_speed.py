@@ -3,11 +3,13 @@
     python -m keelrl.benchmarks.perf.seeds_speed --sizes 1 2 4 10 --cores 0            # CPU: all on core 0
     python -m keelrl.benchmarks.perf.seeds_speed --sizes 1 2 4 10 --device cuda         # one GPU
     python -m keelrl.benchmarks.perf.seeds_speed --sizes 10 --device cuda --cudagraphs   # each update one graph
+    python -m keelrl.benchmarks.perf.seeds_speed --algo ppo --sizes 1 3 --total-timesteps 10240 --cores 0
 
-For each S: one process training S seeds of SAC as one batched network, then S single-seed processes at once; every
+For each S: one process training S seeds of the agent (SAC, TD3, PPO) as one batched network, then S single-seed processes at once; every
 process pinned to `--cores` (CPU) with one torch thread, or sharing the GPU. Each trains `--total-timesteps` steps
-of `--env-id`, the first `--learning-starts` random; the figure is environment steps per second after learning
-starts, read from each run's own output ("while updating"); with `--repeats`, the two ways take turns and the
+of `--env-id`, the first `--learning-starts` random (PPO: the first rollout, 2048 steps on Box actions, before its
+first update); the figure is environment steps per second from the first update on, read from each run's own output
+("while updating"); with `--repeats`, the two ways take turns and the
 median of each is shown. Per seed: each seed's steps/s (the batched process
 moves all its seeds at its loop's rate; separate processes, their mean). Together: the sum over seeds, what a
 seed table costs. `--out` writes the table as Markdown.
@@ -26,6 +28,7 @@ import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Literal
 
 import tyro
 
@@ -34,19 +37,20 @@ import tyro
 class Args:
     sizes: tuple[int, ...] = (1, 2, 4, 10)
     """numbers of seeds S to measure"""
-    algo: str = "sac"
-    """sac or td3"""
+    algo: Literal["sac", "td3", "ppo"] = "sac"
+    """the agent (each trains with its defaults but for the options here)"""
     env_id: str = "Hopper-v5"
     total_timesteps: int = 1_500
     """environment steps per run"""
     learning_starts: int = 500
-    """random steps before updates (not timed)"""
-    hidden: int = 256
-    """hidden width of the 2-layer networks"""
+    """random steps before updates (not timed; SAC and TD3)"""
+    hidden: int | None = None
+    """hidden width of the 2-layer networks (default: 256 for SAC and TD3, 64 for PPO: their own defaults)"""
     device: str = "cpu"
     cores: str = "0"
     """CPU cores every process is pinned to (taskset -c), on CPU"""
     precision: str = "fp32"
+    """fp32 or bf16 (SAC and TD3)"""
     cudagraphs: bool = False
     """with --device cuda: every process replays its whole update as a CUDA graph, the batched one a single graph
     for all S seeds (their capture, a few updates, falls inside the timed steps)"""
@@ -56,14 +60,22 @@ class Args:
     """write the Markdown table here"""
 
 
+ON_POLICY = ("ppo",)
+"""agents that update once per rollout: no random steps, no precision or CUDA graph options"""
+
+
 def command(args: Args, seed: int, num_seeds: int, runs_dir: str) -> list[str]:
     pin = ["taskset", "-c", args.cores] if args.device == "cpu" else []
-    return [*pin, sys.executable, "-m", f"keelrl.agents.{args.algo}", "--env-id", args.env_id, "--seed", str(seed),
-            "--num-seeds", str(num_seeds), "--total-timesteps", str(args.total_timesteps), "--learning-starts",
-            str(args.learning_starts), "--eval-freq", "0", "--eval-episodes", "1", "--checkpoint-freq",
-            str(args.total_timesteps), "--checkpoint-minutes", "0", "--hidden-sizes", str(args.hidden),
-            str(args.hidden), "--device", args.device, "--precision", args.precision, "--threads", "1",
-            *(["--cudagraphs"] if args.cudagraphs else []), "--runs-dir", runs_dir, "--quiet"]
+    hidden = str(args.hidden or (64 if args.algo in ON_POLICY else 256))
+    common = [*pin, sys.executable, "-m", f"keelrl.agents.{args.algo}", "--env-id", args.env_id, "--seed", str(seed),
+              "--num-seeds", str(num_seeds), "--total-timesteps", str(args.total_timesteps), "--eval-freq", "0",
+              "--eval-episodes", "1", "--checkpoint-freq", str(args.total_timesteps), "--checkpoint-minutes", "0",
+              "--hidden-sizes", hidden, hidden, "--device", args.device, "--threads", "1", "--runs-dir", runs_dir,
+              "--quiet"]
+    if args.algo in ON_POLICY:
+        return common
+    return [*common, "--learning-starts", str(args.learning_starts), "--precision", args.precision,
+            *(["--cudagraphs"] if args.cudagraphs else [])]
 
 
 def update_rates(output: str) -> list[float]:
@@ -135,10 +147,14 @@ def separate(args: Args, num_seeds: int) -> list[float]:
 
 
 def main(args: Args) -> list[str]:
+    if args.algo in ON_POLICY and (args.precision != "fp32" or args.cudagraphs):
+        raise SystemExit(f"error: {args.algo} trains in fp32 without CUDA graphs: drop --precision and --cudagraphs.")
     where = f"cores {args.cores}, one torch thread each" if args.device == "cpu" else args.device
-    lines = [f"{args.algo.upper()} on {args.env_id}, {args.hidden}-{args.hidden} networks, {args.precision}"
-             f"{', --cudagraphs' if args.cudagraphs else ''}, "
-             f"{args.total_timesteps - args.learning_starts} timed steps per run, every process on {where}.", "",
+    hidden = command(args, 1, 1, "")[command(args, 1, 1, "").index("--hidden-sizes") + 1]
+    untimed = "the first rollout" if args.algo in ON_POLICY else f"{args.learning_starts} random steps"
+    lines = [f"{args.algo.upper()} on {args.env_id}, {hidden}-{hidden} networks, {args.precision}"
+             f"{', --cudagraphs' if args.cudagraphs else ''}, {args.total_timesteps} steps per run timed from the "
+             f"first update (after {untimed}), every process on {where}.", "",
              "| seeds S | per seed, one process | per seed, S processes | together, one process | "
              "together, S processes | one process / S processes |", "|---|---|---|---|---|---|"]
     for size in args.sizes:
