@@ -268,8 +268,8 @@ class PPO(SavedSpaceAgent):
         return self.env_actions(actions.cpu().numpy())
 
     def scale_rewards(self, rewards: np.ndarray, dones: np.ndarray) -> np.ndarray:
-        """One step's rewards (N,) (a seed group's (S, N)) for the rollout: divided by the running std of the discounted return (folded in
-        first) and clipped to ±reward_clip, when configured."""
+        """One step's rewards (N,) (a seed group's (S, N)) for the rollout: divided by the running std of the
+        discounted return (folded in first) and clipped to ±reward_clip, when configured."""
         if self.reward_scaler is None:
             return rewards
         self.reward_scaler.update(rewards, dones)
@@ -298,8 +298,8 @@ class PPO(SavedSpaceAgent):
     def batch(self, rollout: RolloutBuffer | SeedRollouts,
               next_values: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
         """The rollout as (T·N, ...) tensors on the agent's device (a seed group's (S, T·N, ...)), with GAE
-        advantages and value targets; `next_values`: the values (N,) (S, N) of the observations after its last
-        step, by return."""
+        advantages and value targets; `next_values`: the values (N,) (a seed group's (S, N)) of the observations
+        after its last step, by return."""
         data = rollout.data
         advantages, returns = gae(data["rewards"], data["values"], data["dones"], next_values["rewards"],
                                   self.config.gamma, self.config.gae_lambda)

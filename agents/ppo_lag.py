@@ -42,7 +42,15 @@ from keelrl.agents.harness.loop import TrainResult
 from keelrl.agents.harness.options import run_cli
 from keelrl.agents.harness.seeds import SeedRuns
 from keelrl.agents.lagrange import LagrangeOptions, build_multiplier, final_cost_lines, validate_lagrange
-from keelrl.agents.ppo import PPO, PPOConfig, check_action_space, evaluate, go_on_with_the_rollout, resolve, rollout_state
+from keelrl.agents.ppo import (
+    PPO,
+    PPOConfig,
+    check_action_space,
+    evaluate,
+    go_on_with_the_rollout,
+    resolve,
+    rollout_state,
+)
 from keelrl.agents.ppo import validate as validate_ppo
 from keelrl.buffers.rollout import RolloutBuffer, SeedRollouts, as_flat_tensors, gae
 from keelrl.envs import make_vec_env

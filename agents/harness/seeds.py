@@ -126,7 +126,8 @@ class SeedRuns:
             return SeedReplay(parts)
         if isinstance(parts[0], RolloutBuffer):
             return SeedRollouts(parts)
-        raise TypeError(f"SeedRuns.group makes vector envs, replay buffers and rollouts, not {type(parts[0]).__name__}.")
+        raise TypeError(f"SeedRuns.group makes vector envs, replay buffers and rollouts, not "
+                        f"{type(parts[0]).__name__}.")
 
     def part(self, group: Any, index: int) -> Any:
         """Seed `index`'s own env, replay buffer or rollout of what `group` made (one seed: the object itself)."""

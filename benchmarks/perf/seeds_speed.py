@@ -5,14 +5,13 @@
     python -m keelrl.benchmarks.perf.seeds_speed --sizes 10 --device cuda --cudagraphs   # each update one graph
     python -m keelrl.benchmarks.perf.seeds_speed --algo ppo --sizes 1 3 --total-timesteps 10240 --cores 0
 
-For each S: one process training S seeds of the agent (SAC, TD3, PPO) as one batched network, then S single-seed processes at once; every
-process pinned to `--cores` (CPU) with one torch thread, or sharing the GPU. Each trains `--total-timesteps` steps
-of `--env-id`, the first `--learning-starts` random (PPO: the first rollout, 2048 steps on Box actions, before its
-first update); the figure is environment steps per second from the first update on, read from each run's own output
-("while updating"); with `--repeats`, the two ways take turns and the
-median of each is shown. Per seed: each seed's steps/s (the batched process
-moves all its seeds at its loop's rate; separate processes, their mean). Together: the sum over seeds, what a
-seed table costs. `--out` writes the table as Markdown.
+For each S: one process training S seeds of the agent (SAC, TD3, PPO) as one batched network, then S single-seed
+processes at once; every process pinned to `--cores` (CPU) with one torch thread, or sharing the GPU. Each trains
+`--total-timesteps` steps of `--env-id`, the first `--learning-starts` random (PPO: the first rollout, 2048 steps on
+Box actions, before its first update); the figure is environment steps per second from the first update on, read
+from each run's own output ("while updating"); with `--repeats`, the two ways take turns and the median of each is
+shown. Per seed: each seed's steps/s (the batched process moves all its seeds at its loop's rate; separate
+processes, their mean). Together: the sum over seeds, what a seed table costs. `--out` writes the table as Markdown.
 """
 
 from __future__ import annotations
