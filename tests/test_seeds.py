@@ -89,6 +89,8 @@ def recorded(monkeypatch, algo: str) -> tuple[dict[int, list], list]:
     ("sac", {"critic_head": "hlgauss", "scale_rewards": True}, 1e-5, 1e-6),
     # a cost critic and λ per seed, λ stepped on each seed's own episodes
     ("sac_lag", LAG, 1e-5, 1e-6), ("td3_lag", dict(LAG, multiplier="pid"), 1e-5, 1e-6),
+    # OmniSafe's Adam on λ (its moments per seed), two envs a seed, two updates a step
+    ("sac_lag", dict(LAG, multiplier="adam", num_envs=2, utd=2), 1e-5, 1e-6),
 ])
 def test_each_seed_of_a_batched_run_trains_as_its_single_seed_run(algo, options, rtol, atol, tmp_path, monkeypatch):
     agent_cls, config_cls, train = AGENTS[algo]
