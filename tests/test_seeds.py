@@ -46,6 +46,9 @@ SIMBA = dict(network="simba", normalize_obs=True, obs_clip=None, optimizer="adam
 gym.register("keelrl_test/PendulumCost-v0",
              entry_point=lambda: CostWrapper(gym.make("InvertedPendulum-v5").unwrapped, lambda a, o, i: float(a[0] > 0)),
              max_episode_steps=1000)
+gym.register("keelrl_test/ShortPendulum-v0", entry_point=lambda: gym.make("InvertedPendulum-v5").unwrapped,
+             max_episode_steps=12)
+"""InvertedPendulum cut at 12 steps: many of its episodes end by the time limit, their last rewards bootstrapped"""
 LAG = dict(env_id="keelrl_test/PendulumCost-v0", cost_limit=2.0, lambda_lr=0.05)
 """InvertedPendulum costing 1 a step for a positive action: each seed's episodes cost differently, so each λ moves
 its own way"""
@@ -375,6 +378,7 @@ def seed_dirs(runs_dir: Path) -> dict[int, Path]:
 @pytest.mark.parametrize("algo, options", [
     ("ppo", {}),  # Box: per-seed observation and reward statistics, action noise, shuffles, gradient norms
     ("ppo", {"env_id": "CartPole-v1"}),  # Discrete: per-seed Gumbel noise
+    ("ppo", {"env_id": "keelrl_test/ShortPendulum-v0"}),  # truncations: each seed bootstraps from its own values
     ("ppo_lag", dict(LAG, lambda_lr=0.5)),  # a cost value and λ per seed, λ stepped on each seed's own episodes
 ])
 def test_each_seed_of_a_ppo_group_trains_as_its_single_seed_run(algo, options, tmp_path, monkeypatch):
