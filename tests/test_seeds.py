@@ -470,3 +470,39 @@ def test_ppo_refuses_an_early_stop_it_cannot_take_per_seed(tmp_path, capsys):
     assert run_cli(ppo.train, ppo.PPOConfig, args) == 2
     assert capsys.readouterr().err.startswith("error: --target-kl stops a seed's passes over its rollout early")
     assert not any(tmp_path.iterdir())
+
+
+def test_a_stop_signal_during_one_seeds_evaluation_stops_every_seed_at_one_step(tmp_path, monkeypatch):
+    """The seeds decide whether to stop in turn at each step. A SIGTERM that came during seed 5's evaluation at step
+    256, after seed 4 had decided to go on, once stopped seed 5 with a checkpoint at 256 and seed 4 without one: a
+    group --resume could not take up. Now both stop at the next step, each with its checkpoint, and resume."""
+    evaluate = ppo.evaluate
+
+    def signalled(agent, *args):
+        if agent.config.seed == 5 and signalled.first:
+            signalled.first = False
+            signal.raise_signal(signal.SIGTERM)  # noted by the run's handler, as a kill from outside would be
+        return evaluate(agent, *args)
+
+    signalled.first = True
+    monkeypatch.setattr(ppo, "evaluate", signalled)
+    with pytest.raises(loop.RunStopped):
+        ppo.train(ppo.PPOConfig(**{**PPO_TINY, "eval_freq": 256}, seed=4, num_seeds=2, runs_dir=str(tmp_path)))
+    monkeypatch.undo()
+    run_dirs = seed_dirs(tmp_path)
+    assert [saved_step(run_dirs[seed] / CHECKPOINT_FILE) for seed in (4, 5)] == [258, 258]  # the next step of 2 envs
+    assert run_cli(ppo.train, ppo.PPOConfig, ["--resume", str(run_dirs[4]), "--quiet"]) == 0
+    assert [saved_step(run_dirs[seed] / CHECKPOINT_FILE) for seed in (4, 5)] == [384, 384]
+
+
+def test_a_group_checkpointed_at_different_steps_is_refused_in_one_line(tmp_path, capsys):
+    """A group whose seeds' checkpoints disagree (as a stop signal could leave them before the fix above) is not
+    resumed with each seed's envs reseeded from the first seed's step: the refusal names each seed's step."""
+    ppo.train(ppo.PPOConfig(**{**PPO_TINY, "checkpoint_freq": 128}, seed=4, num_seeds=2, runs_dir=str(tmp_path)))
+    run_dirs = seed_dirs(tmp_path)
+    checkpoint = torch.load(run_dirs[5] / CHECKPOINT_FILE, weights_only=False)
+    torch.save({**checkpoint, "global_step": 256}, run_dirs[5] / CHECKPOINT_FILE)
+    assert run_cli(ppo.train, ppo.PPOConfig, ["--resume", str(run_dirs[4]), "--extend-to", "512", "--quiet"]) == 2
+    assert capsys.readouterr().err == (f"error: --resume {run_dirs[4]}: the seeds of this group were checkpointed at "
+                                       f"different steps (seed 4 at step 384, seed 5 at step 256), and a group resumes "
+                                       f"every seed from one step.\n")

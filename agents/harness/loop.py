@@ -281,7 +281,7 @@ class Run:
         tick = time.perf_counter()
         if self._due(self.config.eval_freq):
             self.log_evaluation()
-        stopping = self._stop_signals.received is not None
+        stopping = self._stop_signals.stopping_at(self.step)
         if (self._due(self.config.checkpoint_freq) or stopping
                 or self._clock.due(self.step, self.config.checkpoint_minutes)):
             self._checkpoint()

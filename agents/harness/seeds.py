@@ -101,6 +101,10 @@ class SeedRuns:
             settle_checkpoints([Path(seed_config.resume) for seed_config in configs])
         self._lockstep = Lockstep()  # a signal or the clock stops or checkpoints every seed at the same step
         self.runs = [Run(seed_config, algo, validate, total, lockstep=self._lockstep) for seed_config in configs]
+        if len({run.step for run in self.runs}) > 1:
+            steps = ", ".join(f"seed {run.config.seed} at step {run.step}" for run in self.runs)
+            raise ValueError(f"--resume {config.resume}: the seeds of this group were checkpointed at different steps "
+                             f"({steps}), and a group resumes every seed from one step.")
         self.config, self.resumed = self.runs[0].config, self.runs[0].resumed
         self.seeds = [run.config.seed for run in self.runs]
 

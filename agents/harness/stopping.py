@@ -38,6 +38,16 @@ class StopSignals:
         self.received: int | None = None
         """the first stop signal that came, or None"""
         self._previous: dict[int, object] = {}
+        self._decided = (-1, False)  # (step, stopping) of the latest decision
+
+    def stopping_at(self, step: int) -> bool:
+        """Whether the loop stops at this step: whether a stop signal had come when it was first asked at this step.
+        The runs of a seed group, which share these signals, ask in turn at each step; a signal that comes between
+        their questions (during a seed's evaluation, say) stops them all at the next step, so that they checkpoint
+        at the same one."""
+        if self._decided[0] != step:
+            self._decided = (step, self.received is not None)
+        return self._decided[1]
 
     def __enter__(self) -> StopSignals:
         if threading.current_thread() is threading.main_thread():
