@@ -157,18 +157,27 @@ def test_a_group_resumes_each_seed_as_its_single_run(algo, options, per_seed, tm
 def test_a_compiled_lagrangian_group_compiles_each_loss_once():
     """Three losses (critic, actor, cost critic), each compiled once whatever the actor's schedule: the cost
     target keeps no gradients through the actor steps (frozen() once gave them back, and every loss of the group,
-    whose compiled call takes all the agent's parameters, recompiled on the changed flag)."""
-    config = sac_lag.SACLagConfig(hidden_sizes=(16,), policy_frequency=4, compile=True)
+    whose compiled call takes all the agent's parameters, recompiled on the changed flag). The compiled group
+    learns as the eager one, each seed's λ, changed between updates as the loop changes it, read afresh."""
+    config = sac_lag.SACLagConfig(hidden_sizes=(16,), policy_frequency=4)
     rng = np.random.default_rng(0)
     batches = [Batch(*(torch.as_tensor(rng.normal(size=(2, 8, *shape)), dtype=torch.float32)
                        for shape in ((3,), (1,), (), (3,))), torch.zeros(2, 8), torch.full((2, 8), 0.99),
                      costs=torch.ones(2, 8)) for _ in range(9)]
-    group = stack_seeds(lambda: sac_lag.SACLag(3, np.array([-1.0]), np.array([1.0]), config), [1, 2])
+    eager = stack_seeds(lambda: sac_lag.SACLag(3, np.array([-1.0]), np.array([1.0]), config), [1, 2])
+    compiled = stack_seeds(lambda: sac_lag.SACLag(3, np.array([-1.0]), np.array([1.0]),
+                                                  dataclasses.replace(config, compile=True)), [1, 2])
     graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
-    for batch in batches:  # actor steps at updates 4 and 8
-        group.update(batch)
+    for k, batch in enumerate(batches):  # actor steps at updates 4 and 8
+        for group in (eager, compiled):
+            group.lagrange.value.copy_(torch.tensor([0.5 * k, 2.0 * k]))  # each seed's λ, as its episodes set it
+        expected, got = eager.update(batch), compiled.update(batch)
+        for name, value in expected.items():
+            torch.testing.assert_close(got[name], value, rtol=1e-4, atol=1e-5, msg=name)
+    for name, value in eager.state_dict().items():
+        torch.testing.assert_close(compiled.state_dict()[name], value, rtol=1e-4, atol=1e-5, msg=name)
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] - graphs == 3
-    assert not any(parameter.requires_grad for parameter in group.cost.target.parameters())
+    assert not any(parameter.requires_grad for parameter in compiled.cost.target.parameters())
 
 
 def test_alpha_and_observation_statistics_stay_per_seed():
