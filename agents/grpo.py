@@ -176,9 +176,13 @@ def validate(config: GRPOConfig) -> None:
                             "max_sample_rounds", "warmup_batch_size", "eval_samples", "pass_k")
     if config.sample_weighting not in SAMPLE_WEIGHTINGS:
         raise ValueError(f"--sample-weighting must be one of {SAMPLE_WEIGHTINGS}, got {config.sample_weighting!r}.")
-    if config.sample_weighting == "grpo" and config.scale_std and config.group_size < 2:
-        raise ValueError(f"--group-size {config.group_size}: the group std needs at least 2 completions per prompt; "
-                         f"raise --group-size or use --no-scale-std (Dr. GRPO).")
+    if config.sample_weighting == "grpo" and config.group_size < 2:
+        raise ValueError(f"--group-size {config.group_size}: GRPO's advantage r − mean of a group of one completion is "
+                         f"always 0; raise --group-size, or weigh samples by their own reward (--sample-weighting "
+                         f"psr, nsr or w-reinforce).")
+    if config.filter_zero_std and config.group_size < 2:
+        raise ValueError(f"--filter-zero-std keeps the groups whose rewards differ, and a group of "
+                         f"--group-size {config.group_size} has one reward: raise --group-size.")
     if config.loss_aggregation not in AGGREGATIONS:
         raise ValueError(f"--loss-aggregation must be one of {AGGREGATIONS}, got {config.loss_aggregation!r}.")
     if config.pass_k > config.eval_samples:

@@ -261,7 +261,10 @@ def import_transformers():
 
 
 def load_pretrained(path: str) -> tuple[nn.Module, object]:
-    """A causal LM and its tokenizer from a local directory (the save_pretrained layout); nothing is downloaded."""
+    """A causal LM and its tokenizer from a local directory (the save_pretrained layout); nothing is downloaded.
+    The weights are float32 whatever dtype they were saved in: most checkpoints are saved in bfloat16, which
+    transformers 5 keeps, and Adam steps at an LLM's learning rate (~1e-6) are far below bfloat16's resolution
+    (~2⁻⁸ relative), so most of them would round away."""
     transformers = import_transformers()
     if not Path(path).is_dir():
         raise FileNotFoundError(f"model path {path}: no such directory. keelrl loads models from disk only; write one "
@@ -271,5 +274,5 @@ def load_pretrained(path: str) -> tuple[nn.Module, object]:
         model = transformers.AutoModelForCausalLM.from_pretrained(path, local_files_only=True)
     except (OSError, ValueError) as err:
         raise ValueError(f"model path {path}: not a Hugging Face causal LM with its tokenizer ({err}).") from None
-    return model, tokenizer
+    return model.float(), tokenizer
 

@@ -31,7 +31,7 @@ from keelrl.agents.grpo import (
 from keelrl.envs.rlvr_tasks import Arithmetic, Problem, make_task
 from keelrl.envs.token_env import GroupTokenEnv, TokenEnv
 from keelrl.networks.char_lm import DEFAULT_VOCAB, CharTokenizer, tiny_gpt2
-from keelrl.networks.lm_policy import LMPolicy, cat_completions, left_pad, positions_of
+from keelrl.networks.lm_policy import LMPolicy, cat_completions, left_pad, load_pretrained, positions_of
 
 TOKENIZER = CharTokenizer()
 PROMPTS = ["3+5=", "12+7-4=", "9=", "sort 3,1="]  # different lengths: left padding is exercised
@@ -497,8 +497,11 @@ def test_a_hugging_face_model_and_tokenizer_from_disk(tmp_path):
     assert tokenizer.decode(tokenizer.encode("17", add_special_tokens=False)) == "1 7"  # spaces inserted
     torch.manual_seed(0)
     model = tiny_gpt2(tokenizer, context_length=16, n_embd=32, n_head=2)
-    model.save_pretrained(tmp_path / "model")
+    model.to(torch.bfloat16).save_pretrained(tmp_path / "model")  # as most checkpoints are saved
     tokenizer.save_pretrained(tmp_path / "model")
+    loaded, _ = load_pretrained(str(tmp_path / "model"))  # float32 weights: Adam's small steps are not rounded away
+    assert {parameter.dtype for parameter in loaded.parameters()} == {torch.float32}
+    torch.testing.assert_close(loaded.lm_head.weight, model.lm_head.weight.float(), rtol=0, atol=0)
     result = train(tiny_config(tmp_path / "runs", model_path=str(tmp_path / "model"), iterations=2))
     assert result.global_step == 2
     agent = GRPO.load(result.run_dir / "model.pt")
@@ -513,7 +516,9 @@ def test_a_hugging_face_model_and_tokenizer_from_disk(tmp_path):
 
 
 @pytest.mark.parametrize("args,message", [
-    (["--group-size", "1"], "group std needs at least 2"),
+    (["--group-size", "1"], "a group of one completion is always 0"),
+    (["--group-size", "1", "--no-scale-std"], "a group of one completion is always 0"),  # Dr. GRPO alike
+    (["--group-size", "1", "--sample-weighting", "psr", "--filter-zero-std"], "has one reward"),
     (["--loss-aggregation", "sum"], "--loss-aggregation must be one of"),
     (["--pass-k", "9"], "--pass-k 9 needs at least"),
     (["--task", "sort", "--task-size", "8", "--context-length", "12"], "context holds 12"),
