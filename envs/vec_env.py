@@ -90,7 +90,10 @@ class _EnvpoolBackend:
     """envpool's batched C++ envs; envpool seeds sub-env i with seed + i, like the gymnasium backend.
 
     envpool resets a finished env on the *next* step; keelrl resets it on the same step instead,
-    with `reset(env_ids)`, so both backends hand agents the same transitions.
+    with `reset(env_ids)`, so both backends hand agents the same transitions. envpool calls an episode that ends
+    by itself on its time-limit step truncated only (terminated = done and not truncated), where gymnasium's
+    TimeLimit says terminated and truncated: keelrl gives envpool a limit one step longer and applies the limit
+    itself, so `terminated` is always the env's own ending, as on gymnasium, and never bootstrapped through.
     """
 
     def __init__(self, env_id: str, num_envs: int, seed: int, env_kwargs: dict[str, Any]):
@@ -104,7 +107,10 @@ class _EnvpoolBackend:
         known = envpool.list_all_envs()
         if env_id not in known:
             raise ValueError(f"envpool has no environment {env_id!r}.{_suggest(env_id, known)}")
-        self.env = envpool.make_gymnasium(env_id, num_envs=num_envs, seed=seed, **env_kwargs)
+        self.max_episode_steps = env_kwargs.get("max_episode_steps",
+                                                envpool.make_spec(env_id).config.max_episode_steps)
+        self.env = envpool.make_gymnasium(env_id, num_envs=num_envs, seed=seed,
+                                          **{**env_kwargs, "max_episode_steps": self.max_episode_steps + 1})
         self.observation_space = self.env.observation_space
         self.action_space = self.env.action_space
 
@@ -113,7 +119,8 @@ class _EnvpoolBackend:
         return obs
 
     def step(self, actions: np.ndarray):
-        final_obs, rewards, terminated, truncated, info = self.env.step(actions)
+        final_obs, rewards, terminated, _, info = self.env.step(actions)  # envpool's own limit is never reached
+        truncated = info["elapsed_step"] >= self.max_episode_steps
         next_obs = final_obs.copy()
         done = terminated | truncated
         if done.any():

@@ -104,6 +104,25 @@ def test_truncated_transition_keeps_true_final_observation(backend):
     env.close()
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_an_episode_that_ends_on_its_time_limit_step_is_terminated_and_truncated(backend):
+    """Hopper falling on the very step its time limit ends: a termination (never bootstrapped through) that is also
+    a truncation, as gymnasium's TimeLimit says, on both backends (envpool's own flags say truncated only)."""
+    def episode_end(**env_kwargs) -> tuple[int, bool, bool]:
+        with make_vec_env("Hopper-v5", 1, seed=3, backend=backend, env_kwargs=env_kwargs) as env:
+            env.reset()
+            for step in range(1, 1001):
+                _, _, terminated, truncated, _ = env.step(np.ones((1, 3), np.float32))
+                if terminated[0] or truncated[0]:
+                    return step, bool(terminated[0]), bool(truncated[0])
+        raise AssertionError("no episode end in 1000 steps")
+
+    end, terminated, truncated = episode_end()
+    assert terminated and not truncated and end < 100  # it falls by itself, early
+    assert episode_end(max_episode_steps=end) == (end, True, True)
+    assert episode_end(max_episode_steps=end - 1) == (end - 1, False, True)
+
+
 def test_unknown_env_id_suggests_close_ids():
     with pytest.raises(ValueError, match="Hopper-v5"):
         make_vec_env("Hoper-v5")
