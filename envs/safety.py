@@ -21,6 +21,7 @@ run them (use the gymnasium backend).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable
 from typing import Any
@@ -87,8 +88,11 @@ def velocity_cost(threshold: float, planar: bool) -> CostFn:
 
 
 def make_velocity_task(base_id: str, velocity_threshold: float, planar: bool, **kwargs) -> gym.Env:
-    """The registered tasks' entry point: the v5 env (`kwargs` go to it) with the velocity cost."""
-    return CostWrapper(gym.make(base_id, **kwargs), velocity_cost(velocity_threshold, planar))
+    """The registered tasks' entry point: the v5 env (`kwargs` go to it) with the velocity cost. The v5 env is made
+    without its time limit: the task's own, registered as the v5 env's and put outside by gym.make, is the one
+    limit, so `gym.make(task, max_episode_steps=...)` sets it (an inner 1000 cut every longer one)."""
+    base = dataclasses.replace(gym.spec(base_id), max_episode_steps=None)
+    return CostWrapper(gym.make(base, **kwargs), velocity_cost(velocity_threshold, planar))
 
 
 def reports_cost(env_id: str) -> bool:
@@ -121,4 +125,5 @@ def require_cost_task(env_id: str, backend: str, agent: str) -> None:
 for _task_id, (_base_id, _threshold, _planar) in VELOCITY_TASKS.items():
     # the inner v5 env already has gymnasium's order enforcing and env checker
     gym.register(_task_id, entry_point=make_velocity_task, order_enforce=False, disable_env_checker=True,
+                 max_episode_steps=gym.spec(_base_id).max_episode_steps,
                  kwargs={"base_id": _base_id, "velocity_threshold": _threshold, "planar": _planar})

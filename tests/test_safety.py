@@ -43,11 +43,11 @@ gym.register("keelrl_test/LineNanCost-v0", entry_point=lambda: CostWrapper(LineE
 
 
 # The warnings gymnasium's check_env gives for every velocity task (gymnasium 1.x; the messages start with
-# a colour code and "WARN: "). The first is about the task being a wrapper stack (gym.make's TimeLimit,
-# OrderEnforcing and PassiveEnvChecker under keelrl's CostWrapper); the other two about the observation
+# a colour code and "WARN: "). The first is about the task being a wrapper stack (the task's TimeLimit over
+# keelrl's CostWrapper over gym.make's OrderEnforcing and PassiveEnvChecker); the other two about the observation
 # space of gymnasium's own v5 MuJoCo env, whose bounds are ±inf.
 KNOWN_CHECK_ENV_WARNINGS = (
-    r".*The environment \(<CostWrapper<TimeLimit<OrderEnforcing<PassiveEnvChecker<\w+Env<keelrl/Safe\w+Velocity-v1>>>>>>\)"
+    r".*The environment \(<TimeLimit<CostWrapper<OrderEnforcing<PassiveEnvChecker<\w+Env<keelrl/Safe\w+Velocity-v1>>>>>>\)"
     r" is different from the unwrapped version",
     r".*A Box observation space minimum value is -infinity\. This is probably too low\.",
     r".*A Box observation space maximum value is infinity\. This is probably too high\.",
@@ -109,6 +109,22 @@ def test_threshold_can_be_overridden():
     env = gym.make("keelrl/SafeHalfCheetahVelocity-v1", velocity_threshold=-100.0)
     env.reset(seed=0)
     assert env.step(env.action_space.sample())[-1]["cost"] == 1.0
+
+
+@pytest.mark.parametrize("limit", [None, 1200, 7])
+def test_the_time_limit_is_the_tasks_own_and_can_be_set(limit):
+    """HalfCheetah never falls: its episodes end at the limit, 1000 steps as its v5 env's unless max_episode_steps
+    says otherwise, longer ones too (an inner v5 limit once cut them at 1000 while the spec said 1200)."""
+    env = gym.make("keelrl/SafeHalfCheetahVelocity-v1", **({} if limit is None else {"max_episode_steps": limit}))
+    env.reset(seed=0)
+    env.action_space.seed(0)
+    steps, truncated = 0, False
+    while not truncated:
+        *_, terminated, truncated, _ = env.step(env.action_space.sample())
+        steps += 1
+        assert not terminated
+    assert steps == env.spec.max_episode_steps == (limit or 1000)
+    env.close()
 
 
 def test_cost_wrapper_and_vector_env_carry_costs():
