@@ -37,9 +37,11 @@ def validate_stream_options(config: Any) -> None:
     """Reject option values no stream run can use in a stream agent's config (its run options, these, its hidden
     sizes), with the options' command-line names."""
     validate_run_options(config, "total_timesteps")
-    for name in ("gamma", "lam", "beta2"):
+    for name in ("gamma", "lam"):
         if not 0.0 <= getattr(config, name) <= 1.0:
             raise ValueError(f"--{name} must lie in [0, 1], got {getattr(config, name)}.")
+    if not 0.0 <= config.beta2 < 1.0:  # adaptive ObGD's bias correction divides by 1 − β₂ⁿ
+        raise ValueError(f"--beta2 must lie in [0, 1), got {config.beta2}.")
     if config.lr <= 0 or config.kappa_value <= 0:
         raise ValueError(f"--lr and --kappa-value must be positive, got {config.lr} and {config.kappa_value}.")
     if not 0.0 <= config.sparsity < 1.0:

@@ -19,12 +19,13 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
+from typing import Any
 
 import gymnasium as gym
 import numpy as np
 import torch
 
-from keelrl.agents.harness.checkpoints import SavedStreamAgent
+from keelrl.agents.harness.checkpoints import SavedStreamAgent, saved_config
 from keelrl.agents.harness.loop import Run, TrainResult
 from keelrl.agents.harness.options import RunOptions, evaluation_seed, run_cli
 from keelrl.agents.stream_options import StreamOptions, validate_stream_options
@@ -34,6 +35,7 @@ from keelrl.envs.streaming_wrappers import (
     Transition,
     frozen_stream_env,
     load_stream_env_state,
+    space_from_dict,
     stream_env_for,
     stream_env_state,
     stream_episodes,
@@ -125,7 +127,9 @@ class StreamTD(SavedStreamAgent):
     algo = ALGO
     config_cls = StreamTDConfig
 
-    def __init__(self, obs_dim: int, action_space: gym.Space, config: StreamTDConfig):
+    def __init__(self, obs_dim: int, action_space: gym.Space, config: StreamTDConfig,
+                 policy: StreamAC | StreamQ | None = None):
+        """`policy`: the agent whose value is learnt (default: --policy's, 'random' or loaded from its model.pt)."""
         super().__init__()
         self.config = config
         self.obs_dim = obs_dim
@@ -138,11 +142,33 @@ class StreamTD(SavedStreamAgent):
         self.critic = StreamMLP(obs_dim, config.hidden_sizes, 1, config.sparsity)
         self.optimizers = {"critic": ObGD(self.critic.parameters(), config.lr, config.gamma, config.lam,
                                           config.kappa_value, config.adaptive, config.beta2)}
-        self.policy = None if config.policy == "random" else load_policy(config.policy)
+        self.policy = policy if policy is not None or config.policy == "random" else load_policy(config.policy)
         self.episode_values: list[float] = []
         """this episode's predictions V(s_t), scored against its returns when it ends"""
         self.episode_rewards: list[float] = []
         self.last_episode_rmse = float("nan")
+
+    def model_file(self) -> dict[str, Any]:
+        """SavedStreamAgent's, with what rebuilds the evaluated policy around its weights (among the networks, as
+        `policy.*`): model.pt loads (and evaluates) without the policy's own file."""
+        model_file = super().model_file()
+        if self.policy is not None:
+            model_file["policy"] = {name: value for name, value in self.policy.model_file().items()
+                                    if name != "networks"}
+        return model_file
+
+    @classmethod
+    def from_model_file(cls, state: dict[str, Any]) -> StreamTD:
+        if "policy" not in state:  # the random policy, or a model.pt from before the policy was kept in it
+            return super().from_model_file(state)
+        networks = {name.removeprefix("policy."): tensor for name, tensor in state["networks"].items()
+                    if name.startswith("policy.")}
+        policy = POLICY_AGENTS[state["policy"]["algo"]].from_model_file({**state["policy"], "networks": networks})
+        agent = cls(state["obs_dim"], space_from_dict(state["action_space"]),
+                    saved_config(cls.config_cls, state["config"]), policy)
+        agent.load_state_dict(state["networks"])
+        agent.env_state = state["env_state"]
+        return agent
 
     def act(self, obs: np.ndarray, deterministic: bool = False) -> np.ndarray | int:
         """The evaluated policy's action (`deterministic` is ignored: the policy is what it is)."""

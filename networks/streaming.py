@@ -68,6 +68,8 @@ class ObGD:
 
     def __init__(self, params: Iterable[nn.Parameter], lr: float = 1.0, gamma: float = 0.99, lam: float = 0.8,
                  kappa: float = 2.0, adaptive: bool = False, beta2: float = 0.999, eps: float = 1e-8):
+        if adaptive and not 0.0 <= beta2 < 1.0:  # the bias correction 1 − β₂ⁿ would be 0: every step NaN
+            raise ValueError(f"adaptive ObGD's beta2 must lie in [0, 1), got {beta2}.")
         self.params = list(params)
         self.lr, self.kappa, self.trace_decay = lr, kappa, gamma * lam
         self.adaptive, self.beta2, self.eps = adaptive, beta2, eps

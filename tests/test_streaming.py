@@ -500,6 +500,8 @@ def test_resume_from_a_mid_episode_checkpoint_starts_the_new_episode_with_zero_t
         ("stream_ac", ["--env-id", "Hoper-v5"], "Did you mean 'Hopper-v5'"),
         ("stream_ac", ["--total-timesteps", "0"], "--total-timesteps must be positive"),
         ("stream_ac", ["--lam", "1.5"], r"--lam must lie in \[0, 1\]"),
+        # β₂ = 1: the bias correction's 1 − β₂ⁿ is 0, and adaptive ObGD's step turned every weight NaN
+        ("stream_q", ["--adaptive", "--beta2", "1"], r"--beta2 must lie in \[0, 1\), got 1.0"),
         ("stream_q", ["--end-e", "0.5", "--start-e", "0.1"], "--end-e <= --start-e"),
         ("stream_td", ["--policy", "missing.pt"], "no such file"),
         ("stream_ac", ["--env-id", "keelrl_test/NanReward-v0"], "no time limit.*--no-time-feature"),
@@ -524,3 +526,20 @@ def test_resume_of_another_streaming_algorithms_run(tmp_path, capsys):
     from keelrl.agents.stream_ac import train as train_ac
     assert run_cli(train_ac, StreamACConfig, args=["--resume", str(result.run_dir)]) == 2
     assert "that run is 'stream_q', not 'stream_ac'" in capsys.readouterr().err
+
+
+def test_a_stream_td_model_loads_and_evaluates_without_its_policys_file(tmp_path):
+    """model.pt keeps what rebuilds the evaluated policy (its weights were there already): moved or deleted, the
+    policy's own run is no longer needed to load, act or evaluate (it once was: load_policy read --policy's path)."""
+    from keelrl.agents.stream_td import evaluate
+    q_run = train_q(tiny(StreamQConfig, tmp_path / "q", total_timesteps=600, eval_freq=0))
+    td_run = train_td(tiny(StreamTDConfig, tmp_path / "td", total_timesteps=600, eval_freq=0,
+                           policy=str(q_run.run_dir / "model.pt")))
+    before = evaluate(StreamTD.load(td_run.run_dir / "model.pt"), "CartPole-v1", 3, 100)[0]
+    q_run.run_dir.rename(tmp_path / "moved")
+    loaded = StreamTD.load(td_run.run_dir / "model.pt")
+    assert isinstance(loaded.policy, StreamQ) and loaded.policy.env_state.keys() == {"obs_normalizer", "reward_scaler"}
+    np.testing.assert_array_equal(evaluate(loaded, "CartPole-v1", 3, 100)[0], before)
+    moved = StreamQ.load(tmp_path / "moved" / "model.pt")
+    for name, tensor in moved.state_dict().items():
+        torch.testing.assert_close(loaded.policy.state_dict()[name], tensor, rtol=0, atol=0, msg=name)
