@@ -44,7 +44,6 @@ from keelrl.envs import make_vec_env, play_episodes, require_box_actions
 from keelrl.envs.video import gym_video
 from keelrl.networks import (
     NetworkOptions,
-    RewardScaler,
     RunningObsNorm,
     build_actor,
     build_critic,
@@ -60,7 +59,12 @@ from keelrl.networks import (
     td_target,
     validate_network_options,
 )
-from keelrl.networks.builders import MUJOCO_DISCOUNT, with_default_support
+from keelrl.networks.builders import (
+    MUJOCO_DISCOUNT,
+    build_reward_scaler,
+    validate_scaled_support,
+    with_default_support,
+)
 from keelrl.networks.cuda_graphs import GraphedUpdate
 from keelrl.networks.seeds import GlobalRandom, SeedMapped
 
@@ -109,7 +113,8 @@ class SACConfig(NetworkOptions, RunOptions):
     utd: int = 1
     """gradient updates per environment step (update-to-data ratio)"""
     scale_rewards: bool = False
-    """divide rewards by SimbaV2's running scale of the discounted return, so returns stay within ±v_max"""
+    """divide rewards by SimbaV2's running scale of the discounted return, so returns stay within ±G: the
+    categorical support's edge nearer 0 (5 for a scalar critic)"""
     normalize_obs: bool = False
     """normalise observations by running mean/std, (obs − mean) / sqrt(var + 1e-8), updated on the observations
     acted on (saved with the model)"""
@@ -175,6 +180,7 @@ def validate(config: SACConfig) -> None:
     """Reject option values no run can use, with the option's command-line name."""
     validate_run_options(config, "total_timesteps")
     validate_network_options(config)
+    validate_scaled_support(config, config.scale_rewards)
     require_positive_widths(config)
     check_device(config.device, config.compile, config.cudagraphs)
     check_precision(config.precision, config.device)
@@ -219,7 +225,8 @@ class SAC(SavedAgent):
         self.register_buffer("action_high", torch.as_tensor(action_high, dtype=torch.float32))
         # (obs − mean) / sqrt(var + 1e-8) as SimBa and SimbaV2 (which do not clip: --obs-clip None in their presets)
         self.obs_norm = RunningObsNorm(obs_dim, config.obs_clip, eps=1e-8) if config.normalize_obs else nn.Identity()
-        self.reward_scaler = RewardScaler(config.gamma, config.num_envs) if config.scale_rewards else None
+        self.reward_scaler = build_reward_scaler(config, config.gamma, config.num_envs) if config.scale_rewards \
+            else None
         self.head = build_head(config)  # critic outputs -> Q-values, and the critic's loss against its target
         self.critic = build_critic(config, obs_dim, len(action_low), self.head.num_outputs)
         self.critic_target = copy.deepcopy(self.critic).requires_grad_(False)

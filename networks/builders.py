@@ -14,7 +14,7 @@ from keelrl.networks.actors import DeterministicActor, TanhGaussianActor
 from keelrl.networks.critics import CriticEnsemble
 from keelrl.networks.heads import C51Head, CategoricalHead, HLGaussHead, ScalarHead, ValueHead
 from keelrl.networks.simba import SimbaActor, SimbaCritic, SimbaDeterministicActor
-from keelrl.networks.simbav2 import SimbaV2Actor, SimbaV2Critic, SimbaV2DeterministicActor
+from keelrl.networks.simbav2 import RewardScaler, SimbaV2Actor, SimbaV2Critic, SimbaV2DeterministicActor
 
 
 @dataclasses.dataclass
@@ -88,6 +88,22 @@ def validate_network_options(options: NetworkOptions) -> None:
             raise ValueError(f"--critic-head {options.critic_head} needs a support: give --v-min and --v-max (the "
                              f"range of returns), or --scale-rewards, which fits returns into [-5, 5].")
         CategoricalHead.check_range(options.v_min, options.v_max, options.num_bins)
+
+
+def validate_scaled_support(options: NetworkOptions, scale_rewards: bool) -> None:
+    """--scale-rewards bounds the scaled returns by ±G_max, a categorical critic's support's edge nearer 0
+    (`build_reward_scaler`): the support must hold 0 inside."""
+    if scale_rewards and options.critic_head != "scalar" and not options.v_min < 0.0 < options.v_max:
+        raise ValueError(f"--scale-rewards keeps returns within ±G, the support's edge nearer 0, so --v-min and "
+                         f"--v-max must lie on either side of 0, got [{options.v_min}, {options.v_max}].")
+
+
+def build_reward_scaler(options: NetworkOptions, gamma: float, num_envs: int) -> RewardScaler:
+    """SimbaV2's reward scaling with its returns bounded by ±G_max: a categorical critic's support's edge nearer 0,
+    so that no scaled return falls outside the support (SimbaV2 sets both from one value, normalized_g_max 5 and
+    the support [−5, 5]), or SimbaV2's 5 for a scalar critic."""
+    g_max = 5.0 if options.critic_head == "scalar" else min(-options.v_min, options.v_max)
+    return RewardScaler(gamma, num_envs, v_max=g_max)
 
 
 def build_head(options: NetworkOptions) -> ValueHead:

@@ -310,6 +310,37 @@ def test_reward_scaler_by_hand():
     assert scaler.denominator().item() == pytest.approx(math.sqrt(1.5 + 1e-8))
 
 
+@pytest.mark.parametrize("algo", ["sac", "td3"])
+@pytest.mark.parametrize("head, support, g_max", [
+    ("scalar", (None, None), 5.0),  # SimbaV2's G_max
+    ("c51", (None, None), 5.0),  # the default support [-5, 5]
+    ("c51", (-2.0, 2.0), 2.0),  # scaled returns stay on a narrower support (they reached 5 against its edge 2)
+    ("hlgauss", (-1.0, 10.0), 1.0),  # the edge nearer 0: neither side's returns leave the support
+])
+def test_scaled_returns_stay_on_the_critics_support(algo, head, support, g_max):
+    from keelrl.agents import sac, td3
+
+    module, agent_cls = {"sac": (sac, sac.SAC), "td3": (td3, td3.TD3)}[algo]
+    config_cls = sac.SACConfig if algo == "sac" else td3.TD3Config
+    config = module.resolve(config_cls(hidden_sizes=(8,), critic_head=head, v_min=support[0], v_max=support[1],
+                                       num_bins=11, scale_rewards=True))
+    module.validate(config)
+    agent = agent_cls(3, np.array([-1.0]), np.array([1.0]), config)
+    assert agent.reward_scaler.v_max == g_max
+    for _ in range(2000):  # reward 1 every step: G grows towards 1 / (1 − γ)
+        agent.reward_scaler.update(np.ones(1), np.zeros(1, bool))
+    largest = agent.reward_scaler.returns.max().item() / agent.reward_scaler.denominator().item()
+    assert largest == pytest.approx(g_max)
+
+
+def test_scaled_rewards_need_a_support_around_zero():
+    from keelrl.agents import sac
+
+    config = sac.SACConfig(critic_head="c51", v_min=0.0, v_max=10.0, scale_rewards=True)
+    with pytest.raises(ValueError, match=r"--v-min and --v-max must lie on either side of 0, got \[0.0, 10.0\]"):
+        sac.validate(config)
+
+
 def test_reward_scaler_keeps_one_trace_per_env():
     rng = np.random.default_rng(0)
     rewards, dones = rng.normal(size=(30, 3)), rng.random((30, 3)) < 0.2
