@@ -483,8 +483,7 @@ def prepare_dataset(options: DatasetOptions, seed: int, q_function: QFunction | 
                     policy: Policy | None = None, mc_returns_gamma: float | None = None,
                     ) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
     """The training data, corrupted and reward-normalised as `options` ask, and its summary for dataset.json
-    (source, evaluation env_id, transitions, episodes, behaviour_return over the complete episodes, corruption,
-    reward_scale, ref_scores).
+    (source, evaluation env_id, transitions, episodes, behaviour_return, corruption, reward_scale, ref_scores).
 
     `seed` seeds the corruption; `q_function` and `policy` are the trained agent an adversarial corruption
     attacks (see `corrupt_dataset`). With `mc_returns_gamma` the data gains "mc_returns", the discounted
@@ -495,11 +494,9 @@ def prepare_dataset(options: DatasetOptions, seed: int, q_function: QFunction | 
     if env_id is None:
         raise ValueError(f"{options.dataset} does not record its environment: give --env-id to evaluate in.")
     ends = episode_ends(data, time_limit(env_id))  # of the clean data: corruption moves observations
-    returns, complete = episode_returns(data, ends), complete_episodes(data, ends, time_limit(env_id))
     summary: dict[str, Any] = {
-        "source": info.source, "env_id": env_id, "transitions": len(data["rewards"]), "episodes": int(ends.sum()),
-        # the mean return of whole episodes (of every piece if none is whole), not of streams collection cut short
-        "behaviour_return": float(returns[complete].mean() if complete.any() else returns.mean()), "corruption": None,
+        "source": info.source, "env_id": env_id, "transitions": len(data["rewards"]),
+        "episodes": int(ends.sum()), "behaviour_return": float(episode_returns(data, ends).mean()), "corruption": None,
     }
     if options.corruption is not None:
         data, indices = corrupt_dataset(data, options.corruption, options.corruption_rate, options.corruption_range,
@@ -508,7 +505,7 @@ def prepare_dataset(options: DatasetOptions, seed: int, q_function: QFunction | 
                                  "rate": options.corruption_rate, "range": options.corruption_range,
                                  "corrupted_transitions": len(indices)}
     if options.normalize_reward:
-        data, summary["reward_scale"] = normalize_rewards(data, ends, time_limit(env_id))
+        data, summary["reward_scale"] = normalize_rewards(data, ends)
     if mc_returns_gamma is not None:
         data = {**data, "mc_returns": returns_to_go(data["rewards"], ends, mc_returns_gamma)}
     summary["ref_scores"] = reference_scores(info, env_id)
@@ -522,32 +519,16 @@ def time_limit(env_id: str) -> int | None:
     return gym.spec(env_id).max_episode_steps
 
 
-def complete_episodes(data: dict[str, np.ndarray], ends: np.ndarray, max_episode_steps: int | None) -> np.ndarray:
-    """(E,) bool, one per episode of `ends`: whether it ended at a terminal or ran its time limit (a row short of
-    it where D4RL's qlearning_dataset dropped the timeout transition), CORL's episodes for the reward range. The
-    stream each collecting env leaves unfinished when collection stops is not one (whatever its flag says); with no
-    time limit known, every episode counts."""
-    last_rows = np.flatnonzero(ends)
-    if max_episode_steps is None:
-        return np.ones(len(last_rows), bool)
-    lengths = np.diff(last_rows, prepend=-1)
-    return (data["terminals"][last_rows] > 0) | (lengths >= max_episode_steps - 1)
-
-
 def normalize_rewards(data: dict[str, np.ndarray], ends: np.ndarray,
-                      max_episode_steps: int | None) -> tuple[dict[str, np.ndarray], float]:
-    """Rewards scaled by 1000 / (max − min return of the complete episodes) (CORL's MuJoCo normalisation,
-    `modify_reward`); episodes end where `ends` is True (see `episode_ends`), and are complete as
-    `complete_episodes` says for the env's time limit `max_episode_steps`."""
-    returns = episode_returns(data, ends)[complete_episodes(data, ends, max_episode_steps)]
-    if len(returns) == 0:
-        raise ValueError(f"--normalize-reward scales rewards by the range of the dataset's complete episodes (ended "
-                         f"at a terminal or the time limit, {max_episode_steps} steps), and it has none.")
+                      max_episode_steps: int = 1000) -> tuple[dict[str, np.ndarray], float]:
+    """Rewards scaled by max_episode_steps / (max − min episode return) (CORL's MuJoCo normalisation);
+    episodes end where `ends` is True (see `episode_ends`)."""
+    returns = episode_returns(data, ends)
     spread = float(returns.max() - returns.min())
     if spread <= 0:
         raise ValueError(f"--normalize-reward needs episodes with different returns; this dataset's "
-                         f"{len(returns)} complete episode(s) all return {returns[0]:.6g}.")
-    scale = 1000.0 / spread
+                         f"{len(returns)} episode(s) all return {returns[0]:.6g}.")
+    scale = max_episode_steps / spread
     return {**data, "rewards": data["rewards"] * np.float32(scale)}, scale
 
 

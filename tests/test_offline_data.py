@@ -201,35 +201,14 @@ def test_episode_ends_cut_at_the_time_limit_when_nothing_else_tells():
 
 
 def test_reward_normalisation_of_time_limit_data_with_timeout_rows_dropped(tmp_path):
-    """All-timeout data used to become one episode (normalisation refused); now scale = 1000 / (max − min), the
-    episodes complete at their time limit of 4 steps less the dropped timeout row."""
+    """All-timeout data used to become one episode (normalisation refused); now scale = 1000 / (max − min)."""
     from keelrl.buffers.offline import normalize_rewards
 
     np.savez(tmp_path / "raw.npz", **time_limit_stream())
     data = load_dataset(tmp_path / "raw.npz")
-    scaled, scale = normalize_rewards(data, episode_ends(data), max_episode_steps=4)
+    scaled, scale = normalize_rewards(data, episode_ends(data))
     assert scale == pytest.approx(1000 / (63 - 3))
     np.testing.assert_allclose(scaled["rewards"], data["rewards"] * 1000 / 60, rtol=1e-6)
-
-
-def test_reward_normalisation_leaves_out_the_streams_collection_cut_short():
-    """CORL's range: episodes that end at a terminal or run the time limit (10 steps). The stream each collecting
-    env leaves unfinished, flagged a timeout after 2 steps, once set the minimum: scale 1000 / (50 − 4), not
-    1000 / (50 − 2)."""
-    from keelrl.buffers.offline import normalize_rewards
-
-    rewards = np.array([1.0] * 4 + [5.0] * 10 + [1.0] * 2)  # a terminal after 4 steps, the time limit, a cut
-    terminals, timeouts = np.zeros(16), np.zeros(16)
-    terminals[3], timeouts[13], timeouts[15] = 1, 1, 1
-    stream = np.arange(17, dtype=np.float32)[:, None]
-    data = dict(observations=stream[:-1], next_observations=stream[1:], actions=np.zeros((16, 1)), rewards=rewards,
-                terminals=terminals, timeouts=timeouts)
-    ends = episode_ends(data, 10)
-    np.testing.assert_allclose(episode_returns(data, ends), [4.0, 50.0, 2.0])
-    _, scale = normalize_rewards(data, ends, max_episode_steps=10)
-    assert scale == pytest.approx(1000 / (50 - 4))
-    with pytest.raises(ValueError, match="complete episodes .* and it has none"):
-        normalize_rewards({**data, "terminals": np.zeros(16)}, episode_ends(data, 100), max_episode_steps=100)
 
 
 def test_normalised_score_formula_and_d4rl_fallback():
