@@ -521,8 +521,12 @@ def time_limit(env_id: str) -> int | None:
 
 def normalize_rewards(data: dict[str, np.ndarray], ends: np.ndarray,
                       max_episode_steps: int = 1000) -> tuple[dict[str, np.ndarray], float]:
-    """Rewards scaled by max_episode_steps / (max − min episode return) (CORL's MuJoCo normalisation);
-    episodes end where `ends` is True (see `episode_ends`)."""
+    """Rewards scaled by max_episode_steps / (max − min episode return), IQL's MuJoCo normalisation (CORL's
+    `modify_reward` too); episodes end where `ends` is True (see `episode_ends`), as the original IQL code's
+    split_into_trajectories ends them, so the streams data collection cut short count among them (each of keelrl's
+    collecting envs leaves one). CORL's return_reward_range ends episodes only at terminals and after 1000 rows:
+    on keelrl/hopper-medium-v0 it gives 0.742 where this gives 0.590 (complete episodes alone would give 0.992);
+    benchmarks/results/offline.md runs IQL beside CORL with this difference."""
     returns = episode_returns(data, ends)
     spread = float(returns.max() - returns.min())
     if spread <= 0:
