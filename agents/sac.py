@@ -149,6 +149,10 @@ class SACConfig(NetworkOptions, RunOptions):
 # (both repos' configs/buffer/numpy_uniform.yaml:6-9), τ 0.005, 1-step returns, twin critics with the
 # minimum (critic_use_cdq = env.episodic, true on MuJoCo), actor d 128 × 1 block, critic d 512 × 2 blocks.
 # Both references update actor and temperature once with every critic update (policy_frequency 1).
+# Not reproduced: both rescale every env's actions to [−1, 1] (SimBa scale_rl/envs/__init__.py:60, SimbaV2
+# configs/env/mujoco.yaml:14, RescaleAction), so their log-probabilities, entropy target and critic inputs are in
+# that box; keelrl's are in the env's own box. Alike where the box is [−1, 1] (Hopper, Walker2d, HalfCheetah, Ant);
+# on Humanoid-v5 (±0.4) the target −|A|/2 asks for an entropy Σ log(1/0.4) = 15.6 nats higher than theirs.
 PRESETS = {
     # Lee et al. 2024 (SimBa), github.com/SonyResearch/simba:
     #   configs/agent/sac_simba.yaml:10 normalize_observation (agents/wrappers/normalization.py:32: no clip)
