@@ -108,6 +108,10 @@ class SACConfig(NetworkOptions, RunOptions):
     """initial entropy coefficient when autotuned"""
     target_entropy_scale: float = -1.0
     """target entropy = target_entropy_scale * action dimension"""
+    rescale_actions: bool = False
+    """act and learn (log-probabilities, entropy, critic inputs) in actions rescaled to [−1, 1], as SimBa and
+    SimbaV2 do with gymnasium's RescaleAction; the env still gets actions in its own box (no change where that box
+    is [−1, 1])"""
     n_step: int = 1
     """n-step returns from the replay buffer"""
     utd: int = 1
@@ -149,10 +153,10 @@ class SACConfig(NetworkOptions, RunOptions):
 # (both repos' configs/buffer/numpy_uniform.yaml:6-9), τ 0.005, 1-step returns, twin critics with the
 # minimum (critic_use_cdq = env.episodic, true on MuJoCo), actor d 128 × 1 block, critic d 512 × 2 blocks.
 # Both references update actor and temperature once with every critic update (policy_frequency 1).
-# Not reproduced: both rescale every env's actions to [−1, 1] (SimBa scale_rl/envs/__init__.py:60, SimbaV2
-# configs/env/mujoco.yaml:14, RescaleAction), so their log-probabilities, entropy target and critic inputs are in
-# that box; keelrl's are in the env's own box. Alike where the box is [−1, 1] (Hopper, Walker2d, HalfCheetah, Ant);
-# on Humanoid-v5 (±0.4) the target −|A|/2 asks for an entropy Σ log(1/0.4) = 15.6 nats higher than theirs.
+# Both rescale every env's actions to [−1, 1] (RescaleAction: SimBa scale_rl/envs/__init__.py:60, SimbaV2
+# configs/env/mujoco.yaml:14), so their log-probabilities, entropy target and critic inputs are in that box:
+# --rescale-actions (on Humanoid-v5's ±0.4 box, the target −|A|/2 in the env's box would ask for an entropy
+# Σ log(1/0.4) = 15.6 nats higher than theirs).
 PRESETS = {
     # Lee et al. 2024 (SimBa), github.com/SonyResearch/simba:
     #   configs/agent/sac_simba.yaml:10 normalize_observation (agents/wrappers/normalization.py:32: no clip)
@@ -164,7 +168,7 @@ PRESETS = {
     # The repo has no MuJoCo env config; its heuristics are applied with MuJoCo's 1000 steps and action repeat 1.
     "simba": dict(network="simba", normalize_obs=True, obs_clip=None, optimizer="adamw", weight_decay=1e-2,
                   policy_lr=1e-4, q_lr=1e-4, utd=2, gamma=MUJOCO_DISCOUNT, policy_frequency=1,
-                  alpha_init=0.01, target_entropy_scale=-0.5),
+                  alpha_init=0.01, target_entropy_scale=-0.5, rescale_actions=True),
     # Lee et al. 2025 (SimbaV2), github.com/dojeon-ai/SimbaV2:
     #   configs/agent/simbaV2.yaml:8 normalize_observation (agents/wrappers/normalization.py:28: no clip),
     #   :9-10,35,38-39 scaled rewards with G_max 5 and a 101-bin categorical critic on [−5, 5];
@@ -176,7 +180,8 @@ PRESETS = {
     #   agents/simbaV2/simbaV2_agent.py:247-282 actor, temperature, critic and target each step once per update.
     "simbav2": dict(network="simbav2", normalize_obs=True, obs_clip=None, critic_head="c51", num_bins=101,
                     scale_rewards=True, optimizer="adam", policy_lr=1e-4, q_lr=1e-4, final_lr_fraction=0.5,
-                    utd=1, gamma=MUJOCO_DISCOUNT, policy_frequency=1, alpha_init=0.01, target_entropy_scale=-0.5),
+                    utd=1, gamma=MUJOCO_DISCOUNT, policy_frequency=1, alpha_init=0.01, target_entropy_scale=-0.5,
+                    rescale_actions=True),
 }
 
 
@@ -236,7 +241,11 @@ class SAC(SavedAgent):
         self.critic_target = copy.deepcopy(self.critic).requires_grad_(False)
         # the parameter lists Polyak averaging walks, gathered once (the tensors stay the same objects)
         self.polyak_target, self.polyak_online = list(self.critic_target.parameters()), list(self.critic.parameters())
-        self.actor = build_actor(config, obs_dim, action_low, action_high, stochastic=True)
+        # --rescale-actions: the actor acts in [−1, 1]; `act` maps its actions to the env's box, `update` the
+        # replayed ones back
+        unit = np.ones_like(action_low)
+        actor_box = (-unit, unit) if config.rescale_actions else (action_low, action_high)
+        self.actor = build_actor(config, obs_dim, *actor_box, stochastic=True)
         initial_alpha = config.alpha_init if config.autotune else config.alpha
         self.log_alpha = nn.Parameter(torch.tensor(float(np.log(initial_alpha))), requires_grad=config.autotune)
         self.target_entropy = config.target_entropy_scale * len(action_low)
@@ -269,13 +278,27 @@ class SAC(SavedAgent):
         (a seed group: (S, B, obs_dim) -> (S, B, action_dim))."""
         obs_t = self.obs_norm(torch.as_tensor(obs, dtype=torch.float32, device=self.action_low.device))
         noise = None if deterministic else self.random.normal(*obs.shape[-2:-1], self.action_low.shape[-1])
-        return self._act(obs_t, deterministic, noise).cpu().numpy()
+        actions = self._act(obs_t, deterministic, noise)
+        if self.config.rescale_actions:
+            centre, half_width = self.action_box()
+            actions = centre + half_width * actions
+        return actions.cpu().numpy()
+
+    def action_box(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The centre and half-width of the env's action box (A,) (a seed group's (S, 1, A), against (S, B, A))."""
+        low, high = self.action_low, self.action_high
+        if low.dim() > 1:
+            low, high = low.unsqueeze(-2), high.unsqueeze(-2)
+        return (high + low) / 2, (high - low) / 2
 
     def update(self, batch: Batch) -> dict[str, torch.Tensor]:
-        """Normalise the batch's observations and scale its rewards (when configured), decay the learning
-        rates (when configured), then `learn` from it."""
+        """Normalise the batch's observations, rescale its actions to [−1, 1] and scale its rewards (when
+        configured), decay the learning rates (when configured), then `learn` from it."""
         if self.config.normalize_obs:
             batch = batch._replace(obs=self.obs_norm(batch.obs), next_obs=self.obs_norm(batch.next_obs))
+        if self.config.rescale_actions:
+            centre, half_width = self.action_box()
+            batch = batch._replace(actions=(batch.actions - centre) / half_width)
         if self.reward_scaler is not None:
             batch = batch._replace(rewards=self.reward_scaler(batch.rewards))
         if self.config.final_lr_fraction < 1.0:  # linear decay over every update after learning_starts

@@ -54,6 +54,37 @@ def test_update_shapes_schedule_and_target_tracking(fixed_batch):
         assert (target - before).abs().max() < 0.02 * (online - before).abs().max() + 1e-6
 
 
+@pytest.mark.parametrize("preset", ["simba", "simbav2"])
+def test_rescaled_actions_learn_as_on_a_unit_box(preset, fixed_batch):
+    """--rescale-actions (the SimBa presets'): on a [0.2, 1.0] × [−0.4, 0.4] box the agent acts and learns as a
+    SAC on [−1, 1] given the same actions rescaled, as gymnasium's RescaleAction makes them: the same actions
+    (mapped into the box) and the same losses, the entropy target's included."""
+    from keelrl.agents.sac import resolve
+
+    low, high = np.array([0.2, -0.4]), np.array([1.0, 0.4])
+    centre, half_width = (low + high) / 2, (high - low) / 2
+    config = resolve(SACConfig(preset=preset, critic_hidden_dim=16, actor_hidden_dim=16))
+    assert config.rescale_actions
+    torch.manual_seed(0)
+    rescaled = SAC(OBS_DIM, low, high, config)
+    torch.manual_seed(0)
+    unit = SAC(OBS_DIM, -np.ones(2), np.ones(2), dataclasses.replace(config, rescale_actions=False))
+    obs = np.random.default_rng(0).normal(size=(4, OBS_DIM)).astype(np.float32)
+    box_actions = rescaled.act(obs, deterministic=True)
+    np.testing.assert_allclose(box_actions, centre + half_width * unit.act(obs, deterministic=True), atol=1e-6)
+    assert np.all((box_actions >= low) & (box_actions <= high))
+    unit_actions = fixed_batch.actions.clamp(-0.99, 0.99)
+    box_batch = fixed_batch._replace(actions=torch.as_tensor(centre + half_width * unit_actions.numpy(),
+                                                             dtype=torch.float32))
+    for step in range(3):
+        torch.manual_seed(step)  # the same noise for both
+        expected = unit.update(fixed_batch._replace(actions=unit_actions))
+        torch.manual_seed(step)
+        got = rescaled.update(box_batch)
+        for name, value in expected.items():
+            torch.testing.assert_close(got[name], value, rtol=1e-5, atol=1e-6, msg=name)
+
+
 def test_target_critic_follows_by_polyak_averaging_after_every_update(fixed_batch):
     """θ' ← θ' + τ(θ − θ'), τ = 0.005, with θ the online critic right after each update's critic step."""
     agent = make_agent()

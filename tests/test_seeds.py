@@ -90,6 +90,7 @@ def recorded(monkeypatch, algo: str) -> tuple[dict[int, list], list]:
     # per-seed reward scales, weights projected back on the sphere per seed
     ("sac", SIMBAV2, 1e-5, 1e-6), ("td3", SIMBAV2, 1e-5, 1e-6),
     ("sac", {"critic_head": "hlgauss", "scale_rewards": True}, 1e-5, 1e-6),
+    ("sac", {"rescale_actions": True}, 1e-5, 1e-6),  # each seed's actions mapped into InvertedPendulum's [−3, 3]
     # a cost critic and λ per seed, λ stepped on each seed's own episodes
     ("sac_lag", LAG, 1e-5, 1e-6), ("td3_lag", dict(LAG, multiplier="pid"), 1e-5, 1e-6),
     # OmniSafe's Adam on λ (its moments per seed), two envs a seed, two updates a step
