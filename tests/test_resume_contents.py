@@ -45,6 +45,7 @@ from keelrl.buffers import ReplayBuffer
 from keelrl.buffers.offline import DatasetBuffer
 from keelrl.envs import CostWrapper
 from keelrl.envs.streaming_wrappers import stream_wrapper
+from keelrl.networks import RewardScaler
 
 
 class DriftEnv(gym.Env):
@@ -332,14 +333,14 @@ def resumed_n_step_sac(tmp_path_factory):
     """A SAC run with 3-step returns and reward scaling, killed and resumed (one env, 1000-row buffer);
     its live buffer, and the reward scaler's per-env return trace as each `RewardScaler.update` began."""
     traces = []
-    update = sac.RewardScaler.update
+    update = RewardScaler.update
 
     def recording_update(self, rewards, dones):
         traces.append(self.returns.clone())
         return update(self, rewards, dones)
 
     with pytest.MonkeyPatch.context() as monkeypatch:
-        monkeypatch.setattr(sac.RewardScaler, "update", recording_update)
+        monkeypatch.setattr(RewardScaler, "update", recording_update)
         run = off_policy_run(monkeypatch, sac, sac.SAC)
         config = sac.SACConfig(**{**OFF_POLICY_COMMON, "buffer_size": 1000}, n_step=3, scale_rewards=True,
                                env_id="keelrl_test/ResumeDrift-v0", runs_dir=str(tmp_path_factory.mktemp("n_step")))
