@@ -412,11 +412,16 @@ class Cell:
 
     def wall_seconds(self) -> float:
         """This cell's run's share of the wall time of the agent processes that made it: each attempt's wall time
-        over the seeds its process trained (S for a --batch-seeds process or a resumed seed group), so a run's
-        steps/s is its process's steps of all seeds over its wall time. NaN where not measured: no attempt, one
+        since the last one that started the run afresh, over the seeds its process trained (S for a --batch-seeds
+        process or a resumed seed group), so a run's steps/s is its process's steps of all seeds over its wall time. NaN where not measured: no attempt, one
         whose end was not recorded, or attempts not recorded at all (`unrecorded_attempts`)."""
         attempts = self.record()["attempts"]
-        if not attempts or self.unrecorded_attempts() or any(a["wall_s"] is None for a in attempts):
+        if not attempts or self.unrecorded_attempts():
+            return float("nan")
+        # a new attempt starts the run afresh (`prepare` removed what an attempt before it had left)
+        attempts = attempts[max(i for i, a in enumerate(attempts) if a["mode"] == "new"):] \
+            if any(a["mode"] == "new" for a in attempts) else attempts
+        if any(a["wall_s"] is None for a in attempts):
             return float("nan")
         return float(sum(a["wall_s"] / a.get("seeds_in_process", 1) for a in attempts))
 
@@ -456,6 +461,19 @@ class Cell:
                 f"budget {self.steps}, {asked}. Run without --from-committed, or give another --name."
             )
         return row
+
+
+def refuse_mixed_budgets(cells: list[Cell]) -> None:
+    """One page row (family, agent entry, task) averages its seeds and pools them into the entry's IQM: the grids
+    written to one page must give it one budget."""
+    budgets: dict[tuple[str, str, str], dict[int, str]] = {}
+    for cell in cells:
+        budgets.setdefault((cell.grid.family, cell.agent.name, cell.task.id), {})[cell.steps] = cell.grid.name
+    for (_, entry, task), by_budget in budgets.items():
+        if len(by_budget) > 1:
+            named = ", ".join(f"{steps} ({grid})" for steps, grid in by_budget.items())
+            raise ValueError(f"agent entry {entry!r} on {task} has more than one budget in these grids: {named}; "
+                             f"one page row averages one budget: write a page per grid, or name the entries apart.")
 
 
 def expand(grid: Grid, runs_dir: Path) -> list[Cell]:
@@ -962,6 +980,7 @@ def main(argv: list[str] | None = None) -> int:
     args = tyro.cli(Args, args=argv)
     try:
         grids = grids_from_args(args)
+        refuse_mixed_budgets([cell for grid in grids for cell in expand(grid, Path(args.runs_dir))])
         name = args.name or "+".join(grid.name for grid in grids)
         argv = sys.argv[1:] if argv is None else argv
         invocation = f"python -m keelrl.benchmarks.leaderboard {shlex.join(shareable_arguments(argv))}"

@@ -283,7 +283,10 @@ def plot_curves(path: Path, family: str, results: list[RunResult]) -> None:
     fig, axes = plt.subplots(rows, cols, figsize=(5 * cols, 3.6 * rows), squeeze=False)
     for ax, task in zip(axes.flat, tasks):
         for label in dict.fromkeys(r.label for r in results if r.task == task):
-            curves = [dict(r.curve) for r in results if r.task == task and r.label == label and r.curve]
+            runs = [r for r in results if r.task == task and r.label == label and r.curve]
+            # the finished runs, as the table averages (a failed one would cut every curve at its last step); while
+            # none has finished (a page of runs in progress), those evaluated so far
+            curves = [dict(r.curve) for r in [r for r in runs if run_outcome(r) == FINISHED] or runs]
             if not curves:
                 continue
             steps = sorted(set.intersection(*(set(c) for c in curves)))

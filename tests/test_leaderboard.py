@@ -742,3 +742,53 @@ def test_a_published_figure_on_another_env_version_is_not_comparable_at_the_same
     assert v5_row.endswith("| 2382.9 ± 271.7 [1] | 1M env steps on Hopper-v4 vs keelrl 1M on Hopper-v5: "
                            "**not comparable** (other env version) |")
     assert v4_row.endswith("| 2382.9 ± 271.7 [1] | 1M env steps: same budget |")
+
+
+def test_an_attempt_whose_run_was_started_afresh_is_not_charged_to_it(tmp_path):
+    """A first attempt failed before its first checkpoint (900 s); the cell started its run anew and finished it in
+    100 s. The run took 100 s (10,000 steps: 100 steps/s); both attempts were once summed (10 steps/s)."""
+    grid = tiny_grid("restarted", ["sac"], seeds=(1,), steps=10_000)
+    (cell,) = leaderboard.expand(grid, tmp_path / "runs")
+    write_run(cell, steps=10_000)
+    recorded_attempt([cell], "new", wall_s=900.0, returncode=1)
+    recorded_attempt([cell], "new", wall_s=100.0)
+    (result,) = leaderboard.run_grids([grid], tmp_path / "runs", dry_run=True, log=lambda _: None)
+    assert result.wall_s == pytest.approx(100.0) and result.sps == pytest.approx(100.0)
+    recorded_attempt([cell], "resume", wall_s=50.0)  # a resume adds its time to the run it goes on with
+    (result,) = leaderboard.run_grids([grid], tmp_path / "runs", dry_run=True, log=lambda _: None)
+    assert result.wall_s == pytest.approx(150.0)
+
+
+def test_grids_that_give_one_entry_two_budgets_are_refused_before_anything_runs(tmp_path, capsys):
+    """`--grid online-small online-full` once averaged 15k-step and 1M-step runs of the same entry into one row
+    (showing the first budget) and one IQM."""
+    grids = [tmp_path / "small.toml", tmp_path / "full.toml"]
+    for path, steps in zip(grids, (15_000, 1_000_000)):
+        path.write_text(f'name = "{path.stem}"\nfamily = "online"\nseeds = [1]\nsteps = {steps}\n'
+                        f'tasks = ["{TASK}"]\nagents = ["sac"]\n')
+    assert leaderboard.main(["--grid", *map(str, grids), "--runs-dir", str(tmp_path / "runs"), "--dry-run"]) == 2
+    assert capsys.readouterr().err == (
+        f"error: agent entry 'sac' on {TASK} has more than one budget in these grids: 15000 (small), 1000000 (full); "
+        f"one page row averages one budget: write a page per grid, or name the entries apart.\n")
+    assert not (tmp_path / "runs").exists()
+
+
+def test_curves_average_the_finished_runs_as_the_table_does(tmp_path, monkeypatch):
+    """Two finished runs to 10k and one that failed at 2.5k: the curve is the finished runs' (it was the three's,
+    cut at 2.5k); a page of runs that have not finished yet still draws theirs."""
+    from keelrl.benchmarks import report
+
+    drawn = []
+    monkeypatch.setattr("matplotlib.axes.Axes.plot", lambda ax, steps, mean, label: drawn.append((list(steps),
+                                                                                                  list(mean), label)))
+    monkeypatch.setattr("matplotlib.axes.Axes.fill_between", lambda *args, **kwargs: None)
+
+    def result(seed, status, curve):
+        return RunResult("online", "sac", "sac", TASK, seed, 10_000, status, final_return=curve[-1][1], curve=curve)
+
+    finished = [result(seed, "done", [(2500, 250.0), (10_000, 1000.0)]) for seed in (1, 2)]
+    report.plot_curves(tmp_path / "a.png", "online", [*finished, result(3, "failed", [(2500, -5.0)])])
+    assert drawn == [([2500, 10_000], [250.0, 1000.0], "sac (2 seeds)")]
+    drawn.clear()
+    report.plot_curves(tmp_path / "b.png", "online", [result(3, "unfinished", [(2500, -5.0)])])
+    assert drawn == [([2500], [-5.0], "sac (1 seeds)")]
