@@ -45,6 +45,9 @@ class PublishedScore:
     """what the figure measures"""
     source: str
     """where it was published"""
+    base_env: str | None = None
+    """the environment the source's task is built on, where that is another (Safety-Gymnasium's velocity tasks:
+    a MuJoCo v4 env); compared with the one under keelrl's task"""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -96,7 +99,10 @@ _CORL_ROWS = {  # dataset: (CQL mean, CQL std, IQL mean, IQL std)
     "walker2d-medium-expert": (109.56, 0.39, 111.72, 0.86),
 }
 
-_OMNISAFE_ROWS = {  # keelrl task key: (OmniSafe id, {algorithm: (reward, cost)})
+# keelrl task key: (OmniSafe id, {algorithm: (reward, cost)}). Safety-Gymnasium builds each velocity task on the
+# MuJoCo v4 env (safety_gymnasium/tasks/safe_velocity/safety_hopper_velocity_v0.py:17 and its siblings), keelrl's
+# on v5: `SAFETY_GYMNASIUM_BASE`.
+_OMNISAFE_ROWS = {
     "safehoppervelocity": ("SafetyHopperVelocity-v1", {
         "PPOLag": (961.92, 13.96), "CPO": (1713.71, 13.40), "SACLag": (963.49, 20.23), "TD3Lag": (928.79, 40.67),
         "SAC": (3537.70, 975.0)}),
@@ -106,6 +112,8 @@ _OMNISAFE_ROWS = {  # keelrl task key: (OmniSafe id, {algorithm: (reward, cost)}
     "safeantvelocity": ("SafetyAntVelocity-v1", {
         "PPOLag": (3261.87, 12.05), "CPO": (3098.54, 14.12), "SACLag": (1897.32, 5.73), "TD3Lag": (1944.38, 63.27)}),
 }
+SAFETY_GYMNASIUM_BASE = {"safehoppervelocity": "Hopper-v4", "safehalfcheetahvelocity": "HalfCheetah-v4",
+                         "safewalker2dvelocity": "Walker2d-v4", "safeantvelocity": "Ant-v4"}
 _OMNISAFE_AGENTS = {"PPOLag": "ppo_lag", "CPO": "cpo", "SACLag": "sac_lag", "TD3Lag": "td3_lag", "SAC": "sac"}
 _ON_POLICY = {"PPOLag", "CPO"}
 
@@ -137,7 +145,7 @@ def _published_scores() -> list[PublishedScore]:
             scores.append(PublishedScore(
                 "safe", task, _OMNISAFE_AGENTS[published_agent], published_agent, env_id, reward, None, cost,
                 "1e7 env steps" if on_policy else "1e6 env steps", 10_000_000 if on_policy else 1_000_000, None,
-                "mean episode return / episode cost", OMNISAFE))
+                "mean episode return / episode cost", OMNISAFE, base_env=SAFETY_GYMNASIUM_BASE[task]))
     for agent, published_agent, task, published_task, mean in _STREAM_X_ROWS:
         scores.append(PublishedScore("streaming", task, agent, published_agent, published_task, mean, None, None,
                                      "not stated in REFERENCES.md", None, None, "final average episodic return",

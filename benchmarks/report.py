@@ -30,6 +30,7 @@ from keelrl.benchmarks.aggregate import (
     summarize_cells,
 )
 from keelrl.benchmarks.reference_scores import PublishedScore, no_range_reason, published_for, score_range
+from keelrl.envs import VELOCITY_TASKS
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 BUDGET_UNITS = {"offline": "gradient updates", "rlvr": "iterations",
@@ -115,17 +116,25 @@ def _published_cell(cell: CellSummary, sources: _Sources) -> tuple[str, str]:
         if published.cost is not None:
             value += f" / cost {published.cost:.1f}"
         values.append(f"{value} [{sources.cite(published)}]")
+        published_env, our_env = compared_envs(published, cell)
         if cell.data != CLEAN:  # every published figure keelrl holds was measured on clean data
             budgets.append(f"{published.budget} on clean data vs keelrl {steps_text(cell.budget)} on {cell.data}: "
                            "**not comparable**")
-        elif published.budget_steps == cell.budget and other_env_version(published.published_task, cell.task):
+        elif published.budget_steps == cell.budget and other_env_version(published_env, our_env):
             budgets.append(f"{published.budget} on {published.published_task} vs keelrl {steps_text(cell.budget)} on "
-                           f"{cell.task}: **not comparable** (other env version)")
+                           f"{cell.task}: **not comparable** (other env version: {published_env} vs {our_env})")
         elif published.budget_steps == cell.budget:
             budgets.append(f"{published.budget}: same budget")
         else:
             budgets.append(f"{published.budget} vs keelrl {steps_text(cell.budget)}: **not comparable**")
     return "<br>".join(values), "<br>".join(budgets)
+
+
+def compared_envs(published: PublishedScore, cell: CellSummary) -> tuple[str, str]:
+    """The environments whose versions a published figure and a row are compared on: each task's own, or the one it
+    is built on (a safety task's MuJoCo env)."""
+    ours = VELOCITY_TASKS[cell.task][0] if cell.task in VELOCITY_TASKS else cell.task
+    return published.base_env or published.published_task, ours
 
 
 def other_env_version(published_task: str, task: str) -> bool:

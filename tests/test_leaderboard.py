@@ -740,8 +740,19 @@ def test_a_published_figure_on_another_env_version_is_not_comparable_at_the_same
     v5_row, v4_row = (next(line for line in page.splitlines() if line.startswith(f"| {label} |"))
                       for label in ("v5", "v4"))
     assert v5_row.endswith("| 2382.9 ± 271.7 [1] | 1M env steps on Hopper-v4 vs keelrl 1M on Hopper-v5: "
-                           "**not comparable** (other env version) |")
+                           "**not comparable** (other env version: Hopper-v4 vs Hopper-v5) |")
     assert v4_row.endswith("| 2382.9 ± 271.7 [1] | 1M env steps: same budget |")
+
+
+def test_omnisafes_figures_are_on_another_env_version_than_keelrls_safety_tasks(tmp_path):
+    """Safety-Gymnasium's SafetyHopperVelocity-v1 is built on Hopper-v4, keelrl's SafeHopperVelocity-v1 on
+    Hopper-v5: both ids end in -v1, and the page called OmniSafe's SAC-Lag figure "same budget"."""
+    task = "keelrl/SafeHopperVelocity-v1"
+    results = [RunResult("safe", "sac-lag", "sac_lag", task, 1, 1_000_000, "done", steps=1_000_000,
+                         final_return=900.0, final_cost=20.0)]
+    row = next(line for line in page_of(tmp_path, results).splitlines() if line.startswith("| sac-lag |"))
+    assert row.endswith("| 963.5 / cost 20.2 [1] | 1e6 env steps on SafetyHopperVelocity-v1 vs keelrl 1M on "
+                        f"{task}: **not comparable** (other env version: Hopper-v4 vs Hopper-v5) |"), row
 
 
 def test_an_attempt_whose_run_was_started_afresh_is_not_charged_to_it(tmp_path):
