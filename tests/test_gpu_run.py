@@ -215,3 +215,16 @@ def test_learning_table_lists_every_cell_before_any_common_evaluation():
     assert lines[0] == "### g: no step every cell evaluated (some had not reached their first evaluation)"
     assert "| sac | not measured | 0 | 6,000 (100,000) |" in lines
     assert "| simbav2 | not measured | 0 | 4,000 (100,000) |" in lines
+
+
+def test_a_failed_cell_is_collected_as_failed_with_its_error_and_its_entry_can_be_retried(tmp_path):
+    """--cudagraphs on the CPU fails at once, as a cell that dies on the GPU would: progress.csv once said 'new'
+    (as for a cell still starting) and its error stayed in the cell's own log on the device."""
+    args = evidence.Args("run", runs_dir=tmp_path / "evidence", device="cpu", tiny=True, agents=("sac-scalar",),
+                         cudagraphs=True, commit_file=tmp_path / "commit.txt")
+    evidence.run(args)
+    evidence.collect(dataclasses.replace(args, action="collect", out=tmp_path / "results"))
+    progress = read(tmp_path / "results" / "progress.csv")
+    assert [(row["state"], row["seeds_in_process"]) for row in progress] == [("failed", "1")] * 3
+    assert (tmp_path / "results" / "cell_logs.txt").read_text().count("needs --device cuda") == 3
+    assert evidence.failed_entries(args) == ("sac-scalar",)

@@ -5,14 +5,17 @@
     python -m keelrl.benchmarks.gpu.evidence start --runs-dir R --tiny --device cpu   # here: 300 steps per cell
     python -m keelrl.benchmarks.gpu.evidence start --agents sac-scalar sac-simba --cudagraphs   # some cells, graphed
     python -m keelrl.benchmarks.gpu.evidence start --cudagraphs --batch-seeds   # each entry's seeds in one process
+    python -m keelrl.benchmarks.gpu.evidence start --cudagraphs --retry-failed  # entries whose cells all failed, again
 
 `start` launches `run` in its own session (setsid), so the cells outlive the command that started them while the
 machine is held; `run` is the leaderboard of both grids with one worker per cell. `collect` waits the given
-minutes (returning early once every cell has finished), then writes into RESULTS what the cells have so far:
-learning.csv (every evaluation: agent, task, seed, step, mean return, normalised score where the task has
-reference returns), progress.csv (each cell's last logged step, last evaluated step and state), machine.json (the
-device and the commit, which may differ from the speed step's) and the last lines of the leaderboard's log.
-Collect again later for more; the cells keep running meanwhile.
+minutes (returning early once every cell has finished), writing into RESULTS what the cells have so far at every
+poll (so a collect cut short leaves what it had): learning.csv (every evaluation: agent, task, seed, step, mean
+return, normalised score where the task has reference returns), progress.csv (each cell's last logged step, last
+evaluated step, state, failed included, and the seeds its process trains), machine.json (the device and the
+commit, which may differ from the speed step's), the last lines of the leaderboard's log (which starts with the
+command of every `start`) and cell_logs.txt (the end of each failed cell's own log: its error). Collect again
+later for more; the cells keep running meanwhile.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import shlex
 import subprocess
 import sys
 import time
@@ -36,8 +40,9 @@ from keelrl.buffers import normalized_score
 GRIDS = ("gpu-evidence-online", "gpu-evidence-offline")
 TINY_STEPS, TINY_EVAL_FREQ, TINY_LEARNING_STARTS = 300, 100, 100
 LEARNING_FIELDS = ("grid", "agent", "task", "seed", "step", "mean_return", "normalized_score")
-PROGRESS_FIELDS = ("grid", "agent", "task", "seed", "state", "last_step", "last_evaluation", "budget")
-LOG_NAME, MACHINE_NAME = "leaderboard.log", "machine.json"
+PROGRESS_FIELDS = ("grid", "agent", "task", "seed", "state", "last_step", "last_evaluation", "budget",
+                   "seeds_in_process")
+LOG_NAME, MACHINE_NAME, CELL_LOGS_NAME = "leaderboard.log", "machine.json", "cell_logs.txt"
 
 
 @dataclasses.dataclass
@@ -63,6 +68,9 @@ class Args:
     batch_seeds: bool = False
     """the seeds of each online entry as one --num-seeds process (the leaderboard's --batch-seeds): with
     --cudagraphs, one graph replays the update of every seed, each loss batched over the seeds and compiled"""
+    retry_failed: bool = False
+    """start: only the entries whose every started cell failed (a seed group dies together), one process per seed
+    (no --batch-seeds); entries with a cell still running are left alone, so no run gets a second process"""
     commit_file: Path = Path(".gpu/commit.txt")
     """collect: where prepare.sh recorded the commit the cells run"""
 
@@ -88,14 +96,31 @@ def cells(args: Args) -> list[leaderboard.Cell]:
     return [cell for grid in grids(args) for cell in leaderboard.expand(grid, args.runs_dir)]
 
 
+def failed_entries(args: Args) -> tuple[str, ...]:
+    """The entries among the cells `run` started whose every started cell failed."""
+    started = [cell for cell in cells(args) if cell.cell_dir.is_dir()]
+    entries = dict.fromkeys(cell.agent.name for cell in started)
+    return tuple(name for name in entries
+                 if all(cell.result().status == "failed" for cell in started if cell.agent.name == name))
+
+
 def start(args: Args) -> None:
-    """Launch `run` with the same arguments in a new session, its output into runs_dir/leaderboard.log."""
+    """Launch `run` with the same arguments in a new session, its output into runs_dir/leaderboard.log (after the
+    command line itself)."""
+    if args.retry_failed:
+        entries = failed_entries(args)
+        if not entries:
+            print("no entry whose cells all failed: nothing started")
+            return
+        args = dataclasses.replace(args, agents=entries, batch_seeds=False, retry_failed=False)
     args.runs_dir.mkdir(parents=True, exist_ok=True)
     command = [sys.executable, "-m", "keelrl.benchmarks.gpu.evidence", "run", "--runs-dir", str(args.runs_dir),
                "--device", args.device, "--datasets", str(args.datasets.resolve()), *(["--tiny"] if args.tiny else []),
                *(["--agents", *args.agents] if args.agents else []), *(["--cudagraphs"] if args.cudagraphs else []),
                *(["--batch-seeds"] if args.batch_seeds else [])]
     with (args.runs_dir / LOG_NAME).open("a") as log:
+        log.write(f"$ {shlex.join(command[1:])}\n")
+        log.flush()
         subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     print(f"started: {' '.join(command[1:])}; log in {args.runs_dir / LOG_NAME}")
 
@@ -120,20 +145,35 @@ def evaluations(cell: leaderboard.Cell) -> list[dict]:
 
 
 def collect(args: Args) -> None:
-    """Wait up to --wait-minutes for the cells, then write learning.csv, progress.csv and the log's tail. Only the
-    cells `run` started count: a lease that ran some entries (--agents) reports those alone."""
+    """Wait up to --wait-minutes for the cells, writing learning.csv, progress.csv, the logs' tails and machine.json
+    at every poll. Only the cells `run` started count: a lease that ran some entries (--agents) reports those alone."""
     every = [cell for cell in cells(args) if cell.cell_dir.is_dir()]
     deadline = time.monotonic() + 60 * args.wait_minutes
-    while time.monotonic() < deadline and any(cell.state()[0] != "done" for cell in every):
+    progress = write_results(args, every)
+    while time.monotonic() < deadline and any(row["state"] not in ("done", "failed") for row in progress):
         time.sleep(10)
-    learning, progress = [], []
+        progress = write_results(args, every)
+    reached = min((row["last_evaluation"] for row in progress), default=0)
+    print(f"collected {len(every)} cells; every cell evaluated at step {reached}; "
+          f"{sum(row['state'] == 'failed' for row in progress)} failed")
+
+
+def write_results(args: Args, every: list[leaderboard.Cell]) -> list[dict]:
+    """The files `collect` writes, as the cells are now; their progress rows."""
+    learning, progress, failed_logs = [], [], []
     for cell in every:
         where = dict(grid=cell.grid.name, agent=cell.agent.name, task=cell.task.id, seed=cell.seed)
         points = evaluations(cell)
         learning += [where | point for point in points]
         logged = tensorboard_points(cell.cell_dir, tag=None)
-        progress.append(where | dict(state=cell.state()[0], last_step=logged[-1][0] if logged else 0,
-                                     last_evaluation=points[-1]["step"] if points else 0, budget=cell.steps))
+        status, attempts = cell.result().status, cell.record()["attempts"]
+        state = status if status in ("done", "failed") else cell.state()[0]
+        progress.append(where | dict(state=state, last_step=logged[-1][0] if logged else 0,
+                                     last_evaluation=points[-1]["step"] if points else 0, budget=cell.steps,
+                                     seeds_in_process=attempts[-1].get("seeds_in_process", 1) if attempts else ""))
+        log = cell.cell_dir / leaderboard.LOG_FILE
+        if state == "failed" and log.is_file():
+            failed_logs.append(f"== {cell.cell_dir}\n" + "".join(log.read_text().splitlines(keepends=True)[-40:]))
     args.out.mkdir(parents=True, exist_ok=True)
     write_csv(args.out / "learning.csv", LEARNING_FIELDS, learning)
     write_csv(args.out / "progress.csv", PROGRESS_FIELDS, progress)
@@ -141,8 +181,8 @@ def collect(args: Args) -> None:
     log = args.runs_dir / LOG_NAME
     (args.out / LOG_NAME).write_text("".join(log.read_text().splitlines(keepends=True)[-200:]) if log.is_file()
                                      else "")
-    reached = min((row["last_evaluation"] for row in progress), default=0)
-    print(f"collected {len(learning)} evaluations of {len(every)} cells; every cell evaluated at step {reached}")
+    (args.out / CELL_LOGS_NAME).write_text("\n".join(failed_logs))
+    return progress
 
 
 def main(args: Args) -> None:

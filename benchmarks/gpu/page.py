@@ -247,6 +247,7 @@ def write_page(args: Args) -> Path:
     environment = same_run(args.results)
     evidence = merged_learning(args.results)
     curves = args.out.with_name(f"{args.out.stem}_curves.png")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
     trial = ["", "**A trial with --tiny: a check of the scripts, not evidence.**"] if environment["tiny"] else []
     lines = ["# keelrl on a GPU: speed beside LeanRL and CleanRL, and learning on Hopper", *trial, "",
              f"Machine: {environment['device']}, {environment['cpus']} CPU cores; torch {environment['torch']}"
