@@ -161,6 +161,8 @@ def read_run_figures(result: RunResult, run_dir: Path, references: DatasetRefere
         result.score = float(last[own_column])
     elif result.family == "offline":  # offline agents normalise with their dataset's own reference returns
         result.score = last_scalar(run_dir, OFFLINE_SCORE_TAG)
+        dataset = dataset_references(run_dir)
+        result.score_references = "" if dataset is None else dataset.text()
     else:
         result.score = normalized_score(result.task, result.final_return)
     return result

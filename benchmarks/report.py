@@ -202,9 +202,11 @@ def family_table(family: str, cells: list[CellSummary], iqms: list[AgentIQM], re
         lines += ["", "Cost: mean episode cost of the final evaluation (the Lagrangian agents' default limit is 25, "
                   "OmniSafe's; see each run's config.json for the limit it used)."]
     if family == "offline":
+        references = sorted({r.score_references for r in results if r.family == family and r.score_references})
         lines += ["", "Normalised score: the offline agent's own (D4RL formula with its dataset's reference returns, "
-                  "logged as eval/normalized_score). keelrl's datasets are made here with the D4RL recipe, not the "
-                  "D4RL v2 files: published D4RL scores are on other data."]
+                  "logged as eval/normalized_score"
+                  + (f": {'; '.join(references)}" if references else "") + "). keelrl's datasets are made here with "
+                  "the D4RL recipe, not the D4RL v2 files: published D4RL scores are on other data."]
     elif family == "offline-to-online":
         lines += ["", dataset_scores_text(results)]
     if ranges and family not in ("offline", "offline-to-online"):

@@ -803,3 +803,17 @@ def test_curves_average_the_finished_runs_as_the_table_does(tmp_path, monkeypatc
     drawn.clear()
     report.plot_curves(tmp_path / "b.png", "online", [result(3, "unfinished", [(2500, -5.0)])])
     assert drawn == [([2500], [-5.0], "sac (1 seeds)")]
+
+
+def test_an_offline_page_states_the_reference_returns_its_scores_use(tmp_path):
+    """The offline page said its scores use "its dataset's reference returns" and never which: a dataset without
+    its own gets D4RL's (buffers/offline.py reference_scores)."""
+    spec = {"name": "off", "family": "offline", "seeds": [1], "steps": 100, "task_flag": "dataset",
+            "steps_flag": "total-updates", "tasks": ["keelrl/hopper-medium-v0"], "agents": ["cql"]}
+    grid = leaderboard.grid_from_dict(spec, "off")
+    (cell,) = leaderboard.expand(grid, tmp_path / "runs")
+    write_run(cell, final_return=1000.0,
+              dataset={"source": "keelrl/hopper-medium-v0", "env_id": "Hopper-v5", "ref_scores": [17.5, 3234.3]})
+    results = leaderboard.run_grids([grid], tmp_path / "runs", dry_run=True, log=lambda _: None)
+    assert "logged as eval/normalized_score: keelrl/hopper-medium-v0: low 17.5, high 3234.3)" in page_of(tmp_path,
+                                                                                                         results)
