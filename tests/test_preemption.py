@@ -300,3 +300,27 @@ def test_threads_and_device_given_with_resume_are_applied(tmp_path, monkeypatch)
         torch.set_num_threads(1)
     assert set(threads) == {2} and len(threads) == 200
     assert (result.config.threads, result.config.device) == (2, "cpu:0")
+
+
+def test_a_checkpoint_that_cannot_be_written_is_one_line_and_leaves_no_partial_file(tmp_path, monkeypatch, capsys):
+    """A full disk while a checkpoint is written (torch reports it as RuntimeError 'unexpected pos 64 vs 0') ended in
+    a traceback and left checkpoint.next.pt.tmp behind."""
+    def full_disk(state, path):
+        Path(path).write_bytes(b"")  # what torch had begun
+        raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 64 vs 0")
+
+    monkeypatch.setattr(checkpoints.torch, "save", full_disk)
+    args = [*SAC_ARGS, "--total-timesteps", "600", "--checkpoint-freq", "300", "--runs-dir", str(tmp_path), "--quiet"]
+    assert run_cli(sac.train, sac.SACConfig, args=args) == 2
+    err = capsys.readouterr().err
+    (run_dir,) = tmp_path.iterdir()
+    assert err.startswith(f"error: Cannot write {run_dir / NEXT_BUFFER_FILE} (") and "is the disk full?" in err
+    assert len(err.strip().splitlines()) == 1 and not list(run_dir.glob("*.tmp"))
+
+
+def test_the_commands_a_run_prints_are_quoted_for_the_shell(tmp_path, capsys):
+    """A --runs-dir with a space and a semicolon: the printed command, pasted, ran `$x/...` as a second command."""
+    runs_dir = tmp_path / "r 14;$x"
+    sac.train(sac.SACConfig(**{"env_id": "InvertedPendulum-v5", "total_timesteps": 300, "learning_starts": 200,
+                               "hidden_sizes": (8,), "eval_episodes": 1, "runs_dir": str(runs_dir)}))
+    assert f"tensorboard --logdir '{runs_dir}'" in capsys.readouterr().out

@@ -35,10 +35,16 @@ MODEL_FILE = "model.pt"
 
 
 def write_atomically(path: Path, state: dict[str, Any]) -> None:
-    """torch.save to a temporary file, then rename it over `path`: a run killed mid-write keeps the previous file."""
+    """torch.save to a temporary file, then rename it over `path`: a run killed mid-write keeps the previous file.
+    A write that fails (a full disk) removes the temporary file and raises one OSError naming the file."""
     tmp = path.with_suffix(path.suffix + ".tmp")
-    torch.save(state, tmp)
-    os.replace(tmp, path)
+    try:
+        torch.save(state, tmp)
+        os.replace(tmp, path)
+    except (OSError, RuntimeError) as err:  # torch reports a full disk as a RuntimeError of its own
+        tmp.unlink(missing_ok=True)
+        raise OSError(f"Cannot write {path} ({one_line(err)}; is the disk full?): the files written before it are "
+                      f"kept, and --resume goes on from the last checkpoint once there is room.") from None
 
 
 def read_checkpoint(path: str | os.PathLike, algo: str | None) -> dict[str, Any]:

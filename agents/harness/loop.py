@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import shlex
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -288,7 +289,8 @@ class Run:
         self._busy += time.perf_counter() - tick
         if stopping:
             print(f"{signal_name(self._stop_signals.received)}: stopped at {self.unit} {self.step} of {self.total} "
-                  f"with a checkpoint; continue with: python -m keelrl.agents.{self.algo} --resume {self.dir}",
+                  f"with a checkpoint; continue with: python -m keelrl.agents.{self.algo} --resume "
+                  f"{shlex.quote(str(self.dir))}",
                   file=sys.stderr, flush=True)
             raise RunStopped(self._stop_signals.received)
 
@@ -374,6 +376,7 @@ class Run:
             speeds += f", {self.update_speed():.1f} while updating"
         for line in (speeds, *lines):
             print(line)
-        print(f"run saved in {self.dir}; open the curves with: tensorboard --logdir {Path(self.config.runs_dir)}")
+        print(f"run saved in {self.dir}; open the curves with: tensorboard --logdir "
+              f"{shlex.quote(str(Path(self.config.runs_dir)))}")
         return TrainResult(run_dir=self.dir, config=self.config, global_step=self.step, final_eval_returns=returns,
                            sps=self.loop_speed(), update_sps=self.update_speed(), final_eval_costs=costs)

@@ -164,7 +164,7 @@ def run_cli(train: Callable[[Any], Any], config_cls: type, args: list[str] | Non
     config = tyro.cli(config_cls, args=args)
     try:
         train(config)
-    except (ValueError, FileNotFoundError, FloatingPointError) as err:
+    except (ValueError, OSError, FloatingPointError) as err:  # OSError: a file keelrl cannot read or write
         print(f"error: {err}", file=sys.stderr)
         return 2
     except RunStopped as stop:  # the run said how to resume it
