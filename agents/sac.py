@@ -309,7 +309,8 @@ class SAC(SavedAgent):
 
     def learn(self, batch: Batch) -> dict[str, torch.Tensor]:
         """One critic step, `policy_frequency` actor/α steps every `policy_frequency` updates, the target update
-        every `target_network_frequency`."""
+        every `target_network_frequency` (counted from update 1: the first actor steps come at update
+        `policy_frequency`, where CleanRL's, counted from its even learning_starts, come at its first)."""
         actor_step = self.num_updates % self.config.policy_frequency == 0
         target_step = self.num_updates % self.config.target_network_frequency == 0
         return self._learn_step(batch, actor_step, target_step)
