@@ -43,6 +43,8 @@ LEARNING_FIELDS = ("grid", "agent", "task", "seed", "step", "mean_return", "norm
 PROGRESS_FIELDS = ("grid", "agent", "task", "seed", "state", "last_step", "last_evaluation", "budget",
                    "seeds_in_process")
 LOG_NAME, MACHINE_NAME, CELL_LOGS_NAME = "leaderboard.log", "machine.json", "cell_logs.txt"
+POLL_SECONDS = 30
+"""collect: how often it looks at the cells and rewrites its files (each look reads every cell's logs)"""
 
 
 @dataclasses.dataclass
@@ -149,17 +151,18 @@ def collect(args: Args) -> None:
     at every poll. Only the cells `run` started count: a lease that ran some entries (--agents) reports those alone."""
     every = [cell for cell in cells(args) if cell.cell_dir.is_dir()]
     deadline = time.monotonic() + 60 * args.wait_minutes
-    progress = write_results(args, every)
+    device = machine(args.device, args.commit_file)
+    progress = write_results(args, every, device)
     while time.monotonic() < deadline and any(row["state"] not in ("done", "failed") for row in progress):
-        time.sleep(10)
-        progress = write_results(args, every)
+        time.sleep(POLL_SECONDS)
+        progress = write_results(args, every, device)
     reached = min((row["last_evaluation"] for row in progress), default=0)
     print(f"collected {len(every)} cells; every cell evaluated at step {reached}; "
           f"{sum(row['state'] == 'failed' for row in progress)} failed")
 
 
-def write_results(args: Args, every: list[leaderboard.Cell]) -> list[dict]:
-    """The files `collect` writes, as the cells are now; their progress rows."""
+def write_results(args: Args, every: list[leaderboard.Cell], device: dict) -> list[dict]:
+    """The files `collect` writes, as the cells are now (`device`: machine.json's contents); their progress rows."""
     learning, progress, failed_logs = [], [], []
     for cell in every:
         where = dict(grid=cell.grid.name, agent=cell.agent.name, task=cell.task.id, seed=cell.seed)
@@ -177,7 +180,7 @@ def write_results(args: Args, every: list[leaderboard.Cell]) -> list[dict]:
     args.out.mkdir(parents=True, exist_ok=True)
     write_csv(args.out / "learning.csv", LEARNING_FIELDS, learning)
     write_csv(args.out / "progress.csv", PROGRESS_FIELDS, progress)
-    (args.out / MACHINE_NAME).write_text(json.dumps(machine(args.device, args.commit_file), indent=2))
+    (args.out / MACHINE_NAME).write_text(json.dumps(device, indent=2))
     log = args.runs_dir / LOG_NAME
     (args.out / LOG_NAME).write_text("".join(log.read_text().splitlines(keepends=True)[-200:]) if log.is_file()
                                      else "")
