@@ -39,6 +39,7 @@ from keelrl.agents.harness.loop import Run, TrainResult
 from keelrl.agents.harness.options import (
     RunOptions,
     evaluation_seed,
+    given_options,
     require_positive_counts,
     run_cli,
     validate_run_options,
@@ -150,13 +151,12 @@ def read_pretrained(run_dir: str | None) -> tuple[dict[str, Any], dict[str, Any]
 def with_pretrained_architecture(config: WSRLConfig, pretrained: dict[str, Any]) -> WSRLConfig:
     """The config with the pre-trained run's architecture; an option given on the command line that differs from
     it is refused (the networks are the pre-trained ones)."""
-    defaults, saved = WSRLConfig(), pretrained["config"]
+    saved, given = pretrained["config"], given_options(config)
     values = {name: tuple(saved[name]) if isinstance(saved[name], list) else saved[name] for name in ARCHITECTURE}
     for name, value in values.items():
-        given = getattr(config, name)
-        if given != value and given != getattr(defaults, name):
-            raise ValueError(f"--{name.replace('_', '-')} {given} differs from the pre-trained run's {value}: WSRL "
-                             f"fine-tunes that run's networks; drop the option.")
+        if name in given and getattr(config, name) != value:
+            raise ValueError(f"--{name.replace('_', '-')} {getattr(config, name)} differs from the pre-trained run's "
+                             f"{value}: WSRL fine-tunes that run's networks; drop the option.")
     return dataclasses.replace(config, **values)
 
 

@@ -358,6 +358,9 @@ def test_utd_sets_updates_per_environment_step(tmp_path):
         (["--utd", "0"], "--utd must be positive"),
         (["--preset", "simbav2", "--network", "simba"], "--preset simbav2 sets --network simbav2, but --network simba"),
         (["--preset", "simba", "--q-lr", "0.003"], "--preset simba sets --q-lr 0.0001, but --q-lr 0.003"),
+        # given at their defaults, which the preset would have replaced without a word
+        (["--preset", "simba", "--q-lr", "0.001"], "--preset simba sets --q-lr 0.0001, but --q-lr 0.001"),
+        (["--preset", "simbav2", "--network=mlp"], "--preset simbav2 sets --network simbav2, but --network mlp"),
     ],
 )
 def test_bad_options_are_refused_clearly(args, message, tmp_path, capsys):

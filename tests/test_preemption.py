@@ -6,6 +6,7 @@ resumed run keep what the checkpoint covers (TensorBoard included) and no more."
 from __future__ import annotations
 
 import csv
+import os
 import shutil
 import signal
 import subprocess
@@ -22,6 +23,7 @@ from keelrl.agents import sac, stream_q
 from keelrl.agents.harness import checkpoints, loop
 from keelrl.agents.harness.checkpoints import BUFFER_FILE, CHECKPOINT_FILE, NEXT_BUFFER_FILE, NEXT_CHECKPOINT_FILE
 from keelrl.agents.harness.options import run_cli
+from keelrl.agents.harness.run_directory import RunDirLock
 from keelrl.buffers import ReplayBuffer
 
 REPO = Path(__file__).resolve().parents[1]
@@ -324,3 +326,39 @@ def test_the_commands_a_run_prints_are_quoted_for_the_shell(tmp_path, capsys):
     sac.train(sac.SACConfig(**{"env_id": "InvertedPendulum-v5", "total_timesteps": 300, "learning_starts": 200,
                                "hidden_sizes": (8,), "eval_episodes": 1, "runs_dir": str(runs_dir)}))
     assert f"tensorboard --logdir '{runs_dir}'" in capsys.readouterr().out
+
+
+def test_a_run_another_process_trains_in_is_neither_resumed_nor_touched(tmp_path, monkeypatch, capsys):
+    """Two processes resuming one run (or one resuming a run still training) were both accepted and wrote over each
+    other's checkpoints and logs; worse, the second settled the first's checkpoint while it was being written."""
+    run_dir = killed_run(tmp_path, monkeypatch, kill_at_step=350)  # its checkpoint of step 200
+    (run_dir / NEXT_CHECKPOINT_FILE).write_bytes(b"the first half of step 400's")  # the other process writes it
+    other_process = RunDirLock([run_dir])  # a second open file: locked as if by another process
+    capsys.readouterr()
+    assert resume(run_dir) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {run_dir} is in use: process {os.getpid()} on ") and len(err.splitlines()) == 1
+    assert err.endswith(" trains in it now. Let that run end, or stop it (kill -TERM checkpoints it) and then resume "
+                        "it.\n")
+    assert (run_dir / NEXT_CHECKPOINT_FILE).read_bytes() == b"the first half of step 400's"  # left alone
+    other_process.release()
+    assert resume(run_dir) == 0  # the half-written checkpoint dropped, the run resumed from step 200
+    assert torch.load(run_dir / CHECKPOINT_FILE, weights_only=True)["global_step"] == 600
+    assert not (run_dir / NEXT_CHECKPOINT_FILE).exists()
+
+
+def test_a_resume_that_fails_lets_the_run_be_resumed_again(tmp_path, monkeypatch):
+    """In one Python session: the failed run is kept alive by its error (pytest.raises holds it, as a notebook's
+    traceback would), so its lock must be released when it fails, not when it is collected."""
+    run_dir = killed_run(tmp_path, monkeypatch, kill_at_step=350)
+    with pytest.raises(ValueError, match="gives others: --seed 5"):  # refused before the run starts
+        sac.train(sac.SACConfig(resume=str(run_dir), seed=5, quiet=True))
+
+    def damaged(run):
+        raise ValueError("damaged")
+
+    monkeypatch.setattr(loop.Run, "_restore", damaged)
+    with pytest.raises(ValueError, match="damaged"):  # failed while starting
+        sac.train(sac.SACConfig(resume=str(run_dir), quiet=True))
+    monkeypatch.undo()
+    assert resume(run_dir) == 0

@@ -246,7 +246,7 @@ def test_a_seed_of_a_group_on_cuda_is_remade_alone_on_cuda():
             torch.testing.assert_close(tensor, group.state_dict()[name][index], msg=name)
 
 
-def test_seed_directories_load_evaluate_and_resume_together(tmp_path):
+def test_seed_directories_load_evaluate_and_resume_together(tmp_path, capsys):
     """A SIGTERM stops every seed at the same step, each with its checkpoint; the run directories look like
     single runs' (config.json with their seed, model.pt that SAC.load and the evaluation command read), and
     --resume of any one of them continues all."""
@@ -257,15 +257,21 @@ def test_seed_directories_load_evaluate_and_resume_together(tmp_path):
                                stderr=subprocess.PIPE, text=True)
     for line in process.stdout:
         if line.startswith("[") and int(line.split()[2].split("/")[0]) >= 400:
-            process.send_signal(signal.SIGTERM)
             break
+    run_dirs = [next((tmp_path / f"seed{seed}").iterdir()) for seed in (7, 8)]
+    for run_dir in run_dirs:  # while the group trains, neither seed's directory can be resumed
+        assert run_cli(sac.train, sac.SACConfig, ["--resume", str(run_dir), "--quiet"]) == 2
+        assert f"is in use: process {process.pid} on " in capsys.readouterr().err
+    process.send_signal(signal.SIGTERM)
     process.stdout.read()
     assert process.wait(timeout=60) == 128 + signal.SIGTERM, process.stderr.read()
-    run_dirs = [next((tmp_path / f"seed{seed}").iterdir()) for seed in (7, 8)]
     stopped_at = [torch.load(d / CHECKPOINT_FILE, weights_only=True)["global_step"] for d in run_dirs]
     assert stopped_at[0] == stopped_at[1] and 400 <= stopped_at[0] < 3000
     assert json.loads((run_dirs[1] / SEEDS_FILE).read_text())["runs"] == ["../../seed7/" + run_dirs[0].name, "."]
-    assert run_cli(sac.train, sac.SACConfig, ["--resume", str(run_dirs[1]), "--quiet"]) == 0
+    # a group's --seed is its first seed's, as on the command line that began it
+    assert run_cli(sac.train, sac.SACConfig, ["--resume", str(run_dirs[1]), "--seed", "8", "--quiet"]) == 2
+    assert "gives others: --seed 8 (the run's: 7)." in capsys.readouterr().err
+    assert run_cli(sac.train, sac.SACConfig, ["--resume", str(run_dirs[1]), "--seed", "7", "--quiet"]) == 0
     for seed, run_dir in zip((7, 8), run_dirs):
         assert torch.load(run_dir / CHECKPOINT_FILE, weights_only=True)["global_step"] == 3000
         assert json.loads((run_dir / "config.json").read_text())["config"]["seed"] == seed

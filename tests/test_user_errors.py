@@ -267,6 +267,15 @@ def test_options_given_beside_resume_that_would_change_the_run_are_refused(sac_r
     assert "--extend-to N trains a run further" in err
 
 
+def test_an_option_given_beside_resume_at_its_default_value_is_refused_too(sac_run, capsys):
+    """--batch-size 256 is SAC's default, so it could not be told from no --batch-size and was dropped silently;
+    options that agree with the run's are accepted (the run is finished, so --resume says that instead)."""
+    assert run_cli(sac.train, sac.SACConfig, ["--resume", str(sac_run), "--batch-size", "256", "--quiet"]) == 2
+    assert "gives others: --batch-size 256 (the run's: 32)." in one_line_error(capsys)
+    assert run_cli(sac.train, sac.SACConfig, ["--resume", str(sac_run), "--batch-size", "32", "--seed", "1"]) == 2
+    assert "the run is finished" in one_line_error(capsys)
+
+
 def test_learning_that_starts_after_the_last_step_is_said(tmp_path):
     """SAC with its default 5,000 random steps and a budget of 300 ends untrained: it runs (a smoke run may want
     just that) and says so."""

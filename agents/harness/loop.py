@@ -37,7 +37,7 @@ from keelrl.agents.harness.checkpoints import (
 )
 from keelrl.agents.harness.logs import Filming, Progress, RunLogger, import_wandb, start_wandb
 from keelrl.agents.harness.options import RunOptions, seed_everything, set_threads
-from keelrl.agents.harness.run_directory import new_run_dir, save_config, start_or_resume
+from keelrl.agents.harness.run_directory import RunDirLock, new_run_dir, save_config, start_or_resume
 from keelrl.agents.harness.stopping import RunStopped, StopSignals, signal_name
 from keelrl.buffers import ReplayBuffer
 from keelrl.buffers.offline import normalized_score
@@ -108,7 +108,8 @@ class Lockstep:
 class Run:
     """One training run: its resolved config, checkpoint, directory, logs, progress and timing (module docstring).
 
-    Constructing it validates the config, or under --resume loads the interrupted run's config (with
+    Constructing it validates the config, or under --resume locks the run directory (`RunDirLock`: a run that
+    another process trains is refused) and loads the interrupted run's config (with
     `keep_from_command_line`, the watch and the runtime options taken from this command line) and checkpoint
     (which must hold `checkpoint_keys`), applies --extend-to, sets torch's threads and seeds python, numpy and
     torch. `step` counts the loop's unit (environment steps, updates, iterations) from the checkpoint on.
@@ -118,8 +119,14 @@ class Run:
                  keep_from_command_line: tuple[str, ...] = (),
                  checkpoint_keys: tuple[str, ...] = ("global_step", "agent", "rng"),
                  lockstep: Lockstep | None = None):
-        self.config, self.dir, self.checkpoint = start_or_resume(config, algo, validate, total,
-                                                                 keep_from_command_line, checkpoint_keys)
+        resumed_dirs = [] if config.resume is None else [Path(config.resume)]
+        self._lock = RunDirLock(resumed_dirs) if lockstep is None else None  # a seed group locks its own directories
+        try:
+            self.config, self.dir, self.checkpoint = start_or_resume(config, algo, validate, total,
+                                                                     keep_from_command_line, checkpoint_keys)
+        except BaseException:
+            self.release_lock()
+            raise
         self.algo, self.total, self.unit = algo, getattr(self.config, total), UNITS[total]
         self.step = self.start_step = 0 if self.checkpoint is None else int(self.checkpoint["global_step"])
         self.recent_return = self.recent_evaluation = float("nan")
@@ -170,6 +177,23 @@ class Run:
         self._agent, self._evaluate, self._replay, self._state = agent, evaluate, replay, state or {}
         self._numpy_rng = np.random.default_rng(self.config.seed) if numpy_rng is None else numpy_rng
         self._reference_returns = reference_returns
+        try:
+            self._prepare(name, video, files or {})
+            if self.config.track:
+                self._wandb = start_wandb(self.config, self.algo, self.dir)  # before the TensorBoard writer it follows
+        except BaseException:
+            self.release_lock()  # a caller that catches this error can resume the run again
+            raise
+        # a resumed run killed after its last checkpoint, before model.pt, is finished again
+        self.logger = RunLogger(self.dir, self.step if self.resumed else None, refinish=self.resumed and self.done)
+        self.progress = Progress(self.algo, self.unit, self.total, self.step, self.config.quiet,
+                                 self.config.progress_seconds)
+        self._start_time = time.perf_counter()
+        self._clock.restart()
+
+    def _prepare(self, name: str, video: VideoSource | None, files: dict[str, str]) -> None:
+        """What `start` does before the logs: restore a resumed run, check --track and --capture-video, and make a
+        new run's directory (locked) with config.json and `files`."""
         if self.resumed:
             self._restore()
         if self.config.track:
@@ -180,17 +204,17 @@ class Run:
             self._filming = Filming(video)
         if self.dir is None:
             self.dir = new_run_dir(self.config.runs_dir, name, self.algo, self.config.seed)
+            if self._lock is not None:
+                self._lock.add(self.dir)
             save_config(self.dir, self.algo, self.config)
-            for file_name, text in (files or {}).items():
+            for file_name, text in files.items():
                 (self.dir / file_name).write_text(text)
-        if self.config.track:
-            self._wandb = start_wandb(self.config, self.algo, self.dir)  # before the TensorBoard writer it follows
-        # a resumed run killed after its last checkpoint, before model.pt, is finished again
-        self.logger = RunLogger(self.dir, self.step if self.resumed else None, refinish=self.resumed and self.done)
-        self.progress = Progress(self.algo, self.unit, self.total, self.step, self.config.quiet,
-                                 self.config.progress_seconds)
-        self._start_time = time.perf_counter()
-        self._clock.restart()
+
+    def release_lock(self) -> None:
+        """Let another process (or a later call in this one) resume the run: at its end, or when it failed to
+        start."""
+        if self._lock is not None:
+            self._lock.release()
 
     def _restore(self) -> None:
         """The agent, the random states, the registered state and the replay buffer, from the checkpoint; the envs
@@ -217,6 +241,7 @@ class Run:
             self.logger.close()
         if self._wandb is not None:
             self._wandb.finish()
+        self.release_lock()
         if isinstance(exc, FloatingPointError) and not isinstance(exc, NonFinite):  # from the env or its wrappers
             raise NonFinite(f"{exc} (global step {self.step}). {self._kept()}") from None
 

@@ -2,11 +2,14 @@
 
 `RunOptions` declares them once; each agent's config dataclass extends it with the algorithm's hyperparameters
 (and may give an option another default or meaning, e.g. GRPO's evaluation counts prompts). `run_cli` parses an
-agent's config from the command line and turns a user's mistake into one line and exit code 2.
+agent's config from the command line and turns a user's mistake into one line and exit code 2; while it trains,
+`given_options` knows which options that command line named, so that one given at its default value beside a
+--preset or --resume that sets another is refused like any other, not silently replaced.
 """
 
 from __future__ import annotations
 
+import contextvars
 import dataclasses
 import random
 import sys
@@ -122,17 +125,53 @@ def validate_run_options(config: RunOptions, total: str) -> None:
                              f"{getattr(config, total)}: a run cannot be shortened.")
 
 
+_NAMED_ON_COMMAND_LINE: contextvars.ContextVar[frozenset[str] | None] = contextvars.ContextVar(
+    "keelrl_named_on_command_line", default=None)
+"""The config fields the command line of the run that `run_cli` trains now names (None: no such run)."""
+
+
+def named_options(args: list[str], config_cls: type) -> frozenset[str]:
+    """The fields of `config_cls` that a command line names: `--actor-lr 1e-4`, `--actor-lr=1e-4`, `--actor_lr`,
+    and a flag's `--capture-video` and `--no-capture-video`."""
+    fields = {field.name for field in dataclasses.fields(config_cls)}
+    named = set()
+    for arg in args:
+        if arg.startswith("--"):
+            name = arg[2:].split("=", 1)[0].replace("-", "_")
+            if name not in fields and name.startswith("no_"):
+                name = name[3:]
+            if name in fields:
+                named.add(name)
+    return frozenset(named)
+
+
+def given_options(config: Any) -> set[str]:
+    """The options of `config` its user gave. Under `run_cli`: those its command line named, at whatever value, its
+    default too. A config built in Python: those that differ from their defaults (one set to its default cannot be
+    told from one left alone there)."""
+    named = _NAMED_ON_COMMAND_LINE.get()
+    if named is not None:
+        return {field.name for field in dataclasses.fields(config) if field.name in named}
+    return {field.name for field in dataclasses.fields(config) if getattr(config, field.name) != _default(field)}
+
+
+def _default(field: dataclasses.Field) -> Any:
+    """A config field's default (MISSING for a field without one, which a config always has given)."""
+    if field.default_factory is not dataclasses.MISSING:
+        return field.default_factory()
+    return field.default
+
+
 def apply_preset(config: Any, presets: dict[str, dict[str, Any]]) -> Any:
-    """The config with `config.preset`'s settings (None: unchanged). An option set to a third value (neither its
-    default nor the preset's) contradicts the preset and is refused."""
+    """The config with `config.preset`'s settings (None: unchanged). An option also given (`given_options`) at
+    another value than the preset's contradicts it and is refused."""
     if config.preset is None:
         return config
-    defaults = type(config)()
+    given = given_options(config)
     for name, value in presets[config.preset].items():
-        given = getattr(config, name)
-        if given != value and given != getattr(defaults, name):
+        if name in given and getattr(config, name) != value:
             raise ValueError(f"--preset {config.preset} sets --{name.replace('_', '-')} {value}, but "
-                             f"--{name.replace('_', '-')} {given} was also given: drop one of them.")
+                             f"--{name.replace('_', '-')} {getattr(config, name)} was also given: drop one of them.")
     return dataclasses.replace(config, **presets[config.preset])
 
 
@@ -162,6 +201,7 @@ def run_cli(train: Callable[[Any], Any], config_cls: type, args: list[str] | Non
     import tyro
 
     config = tyro.cli(config_cls, args=args)
+    named = _NAMED_ON_COMMAND_LINE.set(named_options(sys.argv[1:] if args is None else args, config_cls))
     try:
         train(config)
     except (ValueError, OSError, FloatingPointError) as err:  # OSError: a file keelrl cannot read or write
@@ -173,4 +213,6 @@ def run_cli(train: Callable[[Any], Any], config_cls: type, args: list[str] | Non
         print("interrupted outside the training loop: continue from the run's last checkpoint, if it has one, with "
               "--resume RUN_DIR", file=sys.stderr)
         return 130
+    finally:
+        _NAMED_ON_COMMAND_LINE.reset(named)
     return 0

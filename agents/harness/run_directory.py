@@ -3,6 +3,8 @@
 runs/{env_id}__{algo}__{seed}__{unix_time}/ holds config.json (the resolved config), the logs, checkpoint.pt
 (+ buffer.pt for off-policy agents) and, once the run is finished, model.pt. `--resume RUN_DIR` continues it
 with its saved config, taking from the new command line only how the run is watched and where it computes.
+While a process trains in a run directory it holds run.lock there (`RunDirLock`), so a second process cannot
+resume the run at the same time.
 """
 
 from __future__ import annotations
@@ -10,15 +12,23 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import socket
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from keelrl.agents.harness.checkpoints import CHECKPOINT_FILE, MODEL_FILE, read_checkpoint, settle_checkpoints
-from keelrl.agents.harness.options import RUNTIME_OPTIONS, WATCH_OPTIONS
+from keelrl.agents.harness.options import RUNTIME_OPTIONS, WATCH_OPTIONS, given_options
+
+try:
+    import fcntl
+except ImportError:  # Windows: run directories are not locked there
+    fcntl = None
 
 CONFIG_FILE = "config.json"
+LOCK_FILE = "run.lock"
+"""Locked while a process trains in the run directory; it names that process."""
 
 
 def new_run_dir(root: str, env_id: str, algo: str, seed: int) -> Path:
@@ -33,6 +43,53 @@ def new_run_dir(root: str, env_id: str, algo: str, seed: int) -> Path:
         raise ValueError(f"--runs-dir {root}: cannot make a run directory there ({err.strerror}): give a directory "
                          f"you can write to.") from None
     return run_dir
+
+
+class RunDirLock:
+    """An exclusive lock on run directories (a run's, or a seed group's), held from the moment a run starts or
+    resumes until it ends, so that a second process resuming a run one still trains, or two processes resuming one
+    at once, is refused in one line instead of both writing its checkpoints and logs. The operating system drops
+    the lock when the process ends, by kill -9 too (flock on run.lock; none on Windows). A directory that does not
+    exist is skipped (resuming says so)."""
+
+    def __init__(self, run_dirs: list[Path]):
+        self._files: list[Any] = []
+        try:
+            for run_dir in run_dirs:
+                if run_dir.is_dir():
+                    self.add(run_dir)
+        except BaseException:
+            self.release()
+            raise
+
+    def add(self, run_dir: Path) -> None:
+        """Lock one more directory (a new run's, once it is made)."""
+        if fcntl is not None:
+            self._files.append(_lock_directory(run_dir))
+
+    def release(self) -> None:
+        for file in self._files:
+            file.close()  # closing it drops the flock
+        self._files = []
+
+
+def _lock_directory(run_dir: Path) -> Any:
+    """run_dir/run.lock, open and locked, naming this process; refused in one line if another process holds it."""
+    file = open(run_dir / LOCK_FILE, "a+")
+    try:
+        fcntl.flock(file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        file.seek(0)
+        holder = file.read().strip() or "another process"
+        file.close()
+        raise ValueError(f"{run_dir} is in use: {holder} trains in it now. Let that run end, or stop it (kill -TERM "
+                         f"checkpoints it) and then resume it.") from None
+    except OSError:  # a file system without locks (some network mounts): go on unlocked rather than not at all
+        return file
+    file.truncate(0)
+    file.write(f"process {os.getpid()} on {socket.gethostname()} (since {time.strftime('%Y-%m-%d %H:%M:%S')})\n")
+    file.flush()
+    return file
 
 
 def save_config(run_dir: Path, algo: str, config: Any) -> None:
@@ -91,11 +148,11 @@ def _wrongly_typed_fields(config_cls: type, values: dict[str, Any]) -> list[str]
 
 
 def refuse_other_options(config: Any, saved: Any, run_dir: Path, taken: tuple[str, ...]) -> None:
-    """Refuse options given beside --resume that would change the saved run (any but `taken`, which the new
-    command line sets): the run continues with its own, and silently dropping them would mislead."""
-    given = [field.name for field in dataclasses.fields(config) if field.name not in taken
-             and field.default is not dataclasses.MISSING and getattr(config, field.name) != field.default
-             and getattr(config, field.name) != getattr(saved, field.name)]
+    """Refuse options given beside --resume (`given_options`) that would change the saved run (any but `taken`,
+    which the new command line sets): the run continues with its own, and silently dropping them would mislead."""
+    given_names = given_options(config)
+    given = [field.name for field in dataclasses.fields(config) if field.name in given_names
+             and field.name not in taken and getattr(config, field.name) != getattr(saved, field.name)]
     if given:
         options = ", ".join(f"--{name.replace('_', '-')} {getattr(config, name)} (the run's: {getattr(saved, name)})"
                             for name in given)

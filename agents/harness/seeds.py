@@ -29,7 +29,8 @@ import torch
 
 from keelrl.agents.harness.checkpoints import SavedAgent, settle_checkpoints, write_atomically
 from keelrl.agents.harness.loop import Lockstep, Run, Saved, TrainResult
-from keelrl.agents.harness.options import evaluation_seed
+from keelrl.agents.harness.options import evaluation_seed, given_options
+from keelrl.agents.harness.run_directory import RunDirLock
 from keelrl.agents.harness.stopping import RunStopped
 from keelrl.buffers import ReplayBuffer, RolloutBuffer, SeedReplay, SeedRollouts
 from keelrl.envs import SeedEnvs, VecEnv
@@ -99,14 +100,19 @@ class SeedRuns:
 
     def __init__(self, config: Any, algo: str, validate: Callable[[Any], None], total: str):
         configs = seed_configs(config)
-        if config.resume is not None:  # a group killed while it checkpointed resumes every seed from one step
-            settle_checkpoints([Path(seed_config.resume) for seed_config in configs])
-        self._lockstep = Lockstep()  # a signal or the clock stops or checkpoints every seed at the same step
-        self.runs = [Run(seed_config, algo, validate, total, lockstep=self._lockstep) for seed_config in configs]
-        if len({run.step for run in self.runs}) > 1:
-            steps = ", ".join(f"seed {run.config.seed} at step {run.step}" for run in self.runs)
-            raise ValueError(f"--resume {config.resume}: the seeds of this group were checkpointed at different steps "
-                             f"({steps}), and a group resumes every seed from one step.")
+        resumed_dirs = [] if config.resume is None else [Path(seed_config.resume) for seed_config in configs]
+        self._lock = RunDirLock(resumed_dirs)  # (a new group's directories, once made)
+        try:
+            settle_checkpoints(resumed_dirs)  # a group killed while it checkpointed resumes every seed from one step
+            self._lockstep = Lockstep()  # a signal or the clock stops or checkpoints every seed at the same step
+            self.runs = [Run(seed_config, algo, validate, total, lockstep=self._lockstep) for seed_config in configs]
+            if len({run.step for run in self.runs}) > 1:
+                steps = ", ".join(f"seed {run.config.seed} at step {run.step}" for run in self.runs)
+                raise ValueError(f"--resume {config.resume}: the seeds of this group were checkpointed at different "
+                                 f"steps ({steps}), and a group resumes every seed from one step.")
+        except BaseException:
+            self._lock.release()
+            raise
         self.config, self.resumed = self.runs[0].config, self.runs[0].resumed
         self.seeds = [run.config.seed for run in self.runs]
 
@@ -160,6 +166,19 @@ class SeedRuns:
         alone and the seed of its first evaluation episode (`evaluation_seed`: seeds evaluate on disjoint episodes);
         `state(i)`: what seed i's checkpoint keeps besides (`Run.start`'s `state`; `part` gives each seed's own env
         or rollout); each seed's checkpoint also keeps its torch generator."""
+        try:
+            self._start_runs(name, agent, evaluate, numpy_rng, replay, state, video)
+        except BaseException:
+            self._lock.release()  # a caller that catches this error can resume the group again
+            raise
+        if not self.resumed:
+            for run in self.runs:
+                self._lock.add(run.dir)
+
+    def _start_runs(self, name: str, agent: SavedAgent, evaluate: Callable[[SavedAgent, int], tuple],
+                    numpy_rng: np.random.Generator | SeedGenerators, replay: ReplayBuffer | SeedReplay | None,
+                    state: Callable[[int], dict[str, Saved]] | None, video: Callable[[SavedAgent, int], Any] | None,
+                    ) -> None:
         eval_seeds = [evaluation_seed(seed, self.config.eval_episodes) for seed in self.seeds]
         if len(self.runs) == 1:
             run, eval_seed = self.runs[0], eval_seeds[0]
@@ -186,6 +205,7 @@ class SeedRuns:
         for run in reversed(self.runs):
             run.__exit__(*exc_info)
         self._lockstep.stop_signals.__exit__()
+        self._lock.release()
 
     def steps(self, per_iteration: int = 1) -> Iterator[int]:
         """`Run.steps` of every seed in lockstep; after a stop signal every seed checkpoints before the stop. The
@@ -241,13 +261,16 @@ class _Latest:
 
 def seed_configs(config: Any) -> list[Any]:
     """Each seed's config: a new group's seeds seed … seed+S−1, their --runs-dir with {seed} filled in and progress
-    shown for the first only; under --resume the group's directories named in seeds.json."""
+    shown for the first only; under --resume the group's directories named in seeds.json (a --seed given there is
+    the first seed's, as when the group began, and checked against each directory's as seed, seed+1, ...)."""
     if config.resume is not None:
         seeds_file = Path(config.resume) / SEEDS_FILE
         if not seeds_file.is_file():
             return [config]
         run_dirs = [Path(config.resume) / relative for relative in json.loads(seeds_file.read_text())["runs"]]
-        return [dataclasses.replace(config, resume=str(run_dir.resolve()), quiet=config.quiet or i > 0)
+        first_seed_given = "seed" in given_options(config)
+        return [dataclasses.replace(config, resume=str(run_dir.resolve()), quiet=config.quiet or i > 0,
+                                    seed=config.seed + i if first_seed_given else config.seed)
                 for i, run_dir in enumerate(run_dirs)]
     return [dataclasses.replace(config, seed=config.seed + i, runs_dir=seed_runs_dir(config.runs_dir, config.seed + i),
                                 quiet=config.quiet or i > 0) for i in range(max(config.num_seeds, 1))]
