@@ -12,7 +12,16 @@ The algorithm, top to bottom:
   the env, stored unclipped) or a categorical (Discrete); a separate critic V(s); both 64-64 tanh MLPs with
   orthogonal initialisation (gain √2; 0.01 for the policy's output layer, 1 for the value's);
 - observations standardised by running statistics and clipped to ±10, rewards divided by the running std of the
-  discounted return and clipped to ±10 (Box defaults; statistics saved in checkpoints and in model.pt);
+  discounted return and clipped to ±10 (Box defaults; statistics saved in checkpoints and in model.pt). These are
+  CleanRL's NormalizeObservation and NormalizeReward wrappers (gymnasium's) but in four details: the return trace
+  starts afresh after every episode end, a time limit's too, where gymnasium's is reset only by a termination and
+  one step earlier (G ← γ(1 − terminated)G + r), so when episodes run to their time limit the trace does not carry
+  over into the next one: on 1000-step episodes that all reach the limit, gymnasium's rule gives a return std
+  about 4.6 times smaller, and so rewards about 4.6 times larger; the statistics are of the observations acted
+  on (a terminal observation, which no action follows, is not folded in); one set of statistics is kept for all
+  envs (gymnasium's wrapper keeps one per env; the same at the Box default of one env); and they start from no
+  data (gymnasium's from a count of 1e-4), which changes the first few steps only. On Hopper-v5 (1M steps, 3
+  seeds) keelrl's PPO and CleanRL's script end within each other's spread (benchmarks/results/ppo.md);
 - a rollout of `num_steps` steps of `num_envs` envs; where an episode is truncated (a time limit), its reward
   gains γ V(true final observation), so the return is bootstrapped through the time limit (CleanRL's script
   treats a truncation as a termination; keelrl does not, here as everywhere);
@@ -141,7 +150,9 @@ clip ±10. The defaults shared with ppo.py are the fields' own (anneal, γ, λ, 
 DISCRETE_DEFAULTS = dict(num_envs=4, num_steps=128, learning_rate=2.5e-4, num_minibatches=4, update_epochs=4,
                          ent_coef=0.01, normalize_obs=False, normalize_reward=False)
 """CleanRL ppo.py (read at fe8d8a0): num_envs 4, num_steps 128, learning_rate 2.5e-4, num_minibatches 4,
-update_epochs 4, ent_coef 0.01, and no normalisation wrappers (its make_env adds RecordEpisodeStatistics only)."""
+update_epochs 4, ent_coef 0.01, and no normalisation wrappers (its make_env adds RecordEpisodeStatistics only).
+`total_timesteps` stays keelrl's 1M for both kinds (ppo.py's own default is 500k; its learning rate anneals over
+whichever budget is given)."""
 
 
 def resolve(config: PPOConfig) -> PPOConfig:
@@ -206,6 +217,7 @@ class PPO(SavedSpaceAgent):
         action_outputs = action_space.shape[0] if self.continuous else int(action_space.n)
         self.obs_norm = RunningObsNorm(obs_dim, config.obs_clip, eps=1e-8) if config.normalize_obs else nn.Identity()
         # the running std of the discounted return, unbounded (SimbaV2's v_max bound off): CleanRL's NormalizeReward
+        # but for the trace's reset at every episode end (module docstring)
         self.reward_scaler = RewardScaler(config.gamma, config.num_envs, v_max=math.inf) if config.normalize_reward \
             else None
         self.critic = orthogonal_init_(mlp(obs_dim, config.hidden_sizes, 1, nn.Tanh), last_gain=1.0)  # -> (B, 1)
@@ -315,7 +327,8 @@ class PPO(SavedSpaceAgent):
 
     def policy_loss(self, minibatch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, dict[str, Any]]:
         """The clipped surrogate −E[min(ρA, clip(ρ, 1 ± ε)A)], ρ = π(a|s) / π_old(a|s); the mean entropy (to be
-        maximised); the approximate KL (E[(ρ − 1) − log ρ]) and the fraction of clipped ratios."""
+        maximised); the approximate KLs (E[−log ρ], and E[(ρ − 1) − log ρ] that `target_kl` reads, CleanRL's
+        old_approx_kl and approx_kl) and the fraction of clipped ratios."""
         log_probs, entropy = self.log_prob_and_entropy(minibatch["obs"], minibatch["actions"])
         log_ratio = log_probs - minibatch["log_probs"]
         ratio = log_ratio.exp()  # (B,)
@@ -323,7 +336,7 @@ class PPO(SavedSpaceAgent):
         clip = self.config.clip_coef
         loss = torch.max(-advantages * ratio, -advantages * ratio.clamp(1.0 - clip, 1.0 + clip)).mean()
         with torch.no_grad():
-            stats = {"approx_kl": ((ratio - 1.0) - log_ratio).mean(),
+            stats = {"old_approx_kl": (-log_ratio).mean(), "approx_kl": ((ratio - 1.0) - log_ratio).mean(),
                      "clipfrac": ((ratio - 1.0).abs() > clip).float().mean()}
         return loss, entropy.mean(), stats
 

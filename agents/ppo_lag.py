@@ -16,14 +16,15 @@ The algorithm, top to bottom (what differs from agents/ppo.py is all in this fil
   rollout, and cost returns, unnormalised, run to tens (on Pendulum with cost 1 a step, V_c reached 12.3 of its
   true 100 after 20 rollouts clipped, 77.3 unclipped); and clipped together with the policy, its large gradient
   would scale the policy's steps down;
-- the policy's surrogate weighs (A_r − λ A_c) / (1 + λ), A_r PPO's normalised advantage
+- the policy's surrogate weighs (A_r − λ A_c) / (1 + λ), A_r PPO's advantage normalised per minibatch, as CleanRL
+  does (OmniSafe normalises it once over the rollout: onpolicy_buffer.py:231-234)
   (omnisafe/algorithms/on_policy/naive_lagrange/ppo_lag.py:82-102);
 - λ ≥ 0 steps once per rollout, before the update (ppo_lag.py:73-78), on the mean undiscounted cost of the
   training episodes that ended during the rollout (OmniSafe: of the last 100 episodes) against `--cost-limit`:
   by default OmniSafe's rule, Adam (lr 0.035) on −λ (J_c − d) from λ 0.001 (PPOLag.yaml:124-130; agents/lagrange.py
   AdamMultiplier), or the gradient and PID rules of agents/lagrange.py.
-OmniSafe's PPO underneath differs from CleanRL's, which keelrl keeps: 20,000 steps per epoch, 40 updates of
-minibatch 64 with KL early stopping at 0.02, no entropy bonus, gradient norm 40, a critic weight penalty, no
+OmniSafe's PPO underneath differs from CleanRL's, which keelrl keeps: 20,000 steps per epoch, 40 passes over
+them in minibatches of 64, stopped early once the KL after a pass exceeds 0.02, no entropy bonus, gradient norm 40, a critic weight penalty, no
 reward normalisation (PPOLag.yaml:36-60). The task must report `info["cost"]` (keelrl/Safe*Velocity-v1).
 `--num-seeds` trains several seeds as one batched network, each with its own cost value and λ, as PPO does.
 """

@@ -9,11 +9,20 @@ The algorithm, top to bottom (what differs from agents/sac.py is all in this fil
   target follows by Polyak averaging after every step;
 - the actor descends (α log π(a|s) − min Q_r(s, a) + λ Q_c(s, a)) / (1 + λ), a ~ π(·|s);
 - λ >= 0 steps on (mean cost − `cost_limit`) of the training episodes that end at a vector-env step,
-  once per such step and never on the gradient updates in between (gradient or PID; agents/lagrange.py
-  gives the exact rule and how it differs from OmniSafe's);
+  once per such step and never on the gradient updates in between (gradient, Adam or PID; agents/lagrange.py
+  gives the exact rules and how they differ from OmniSafe's);
 - the loop is SAC's, with each step's cost stored in the replay buffer and finished episodes' costs fed to λ;
   `--num-seeds` trains several seeds as one batched network, each with its own cost critic and λ, as SAC does.
 The task must report `info["cost"]` (keelrl/Safe*Velocity-v1, or an env in keelrl.envs.CostWrapper).
+OmniSafe's SACLag (PKU-Alignment/omnisafe, read at 15603dd), whose figures the leaderboard shows beside keelrl's,
+is configured differently underneath (keelrl keeps CleanRL's SAC): α fixed at 0.2, not tuned
+(configs/off-policy/SACLag.yaml:74-76); critic learning rate 3e-4 for both critics, not 1e-3 (:120); learning
+from step 10,000, not 5,000 (:62); costs normalised (:48) and gradient norms clipped at 40 (:52), neither here;
+one actor step every second update, after which every target network moves, the cost critic's too
+(algorithms/off_policy/ddpg.py:398-400), where keelrl takes CleanRL's two actor steps every second update and
+moves the targets after every update; one cost critic, not an ensemble (models/actor_critic/
+constraint_actor_q_critic.py:77), whose target takes the online actor's deterministic action at s' (ddpg.py:471),
+not an action sampled from π.
 """
 
 from __future__ import annotations

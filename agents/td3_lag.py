@@ -9,11 +9,18 @@ The algorithm, top to bottom (what differs from agents/td3.py is all in this fil
   action with fresh clipped smoothing noise, and its target follows by Polyak averaging after every step;
 - every `policy_frequency` updates the actor descends (−Q1_r(s, π(s)) + λ Q_c(s, π(s))) / (1 + λ);
 - λ >= 0 steps on (mean cost − `cost_limit`) of the training episodes that end at a vector-env step,
-  once per such step and never on the gradient updates in between (gradient or PID; agents/lagrange.py
-  gives the exact rule and how it differs from OmniSafe's);
+  once per such step and never on the gradient updates in between (gradient, Adam or PID; agents/lagrange.py
+  gives the exact rules and how they differ from OmniSafe's);
 - the loop is TD3's, with each step's cost stored in the replay buffer and finished episodes' costs fed to λ;
   `--num-seeds` trains several seeds as one batched network, each with its own cost critic and λ, as TD3 does.
 The task must report `info["cost"]` (keelrl/Safe*Velocity-v1, or an env in keelrl.envs.CostWrapper).
+OmniSafe's TD3Lag (PKU-Alignment/omnisafe, read at 15603dd), whose figures the leaderboard shows beside keelrl's,
+is configured differently underneath (keelrl keeps CleanRL's TD3): learning from step 25,000
+(configs/off-policy/TD3Lag.yaml:62); costs normalised (:48) and gradient norms clipped at 40 (:52), neither here;
+the cost critic's target moves only with the actor's steps (algorithms/off_policy/ddpg.py:398-400), here after
+every update; one cost critic, not an ensemble (models/actor_critic/constraint_actor_q_critic.py:77), whose
+target takes the online actor's deterministic action at s' without smoothing noise (ddpg.py:471), not the target
+actor's smoothed one.
 """
 
 from __future__ import annotations

@@ -254,8 +254,9 @@ class RewardScaler(nn.Module):
     `update(rewards, dones)` folds one vector-env step into the trace and its statistics; call it
     while collecting training data only. Calling the module scales a batch of rewards. The trace
     is reset after the step that ends an episode (terminated or truncated), so G is always the
-    return of the current episode so far; gymnasium's `NormalizeReward` and the SimbaV2 code reset
-    it one step earlier. The state (trace, statistics, maximum) is tensors only and travels with
+    return of the current episode so far. The SimbaV2 code resets it on the same episode ends one step
+    earlier; gymnasium's `NormalizeReward` (CleanRL's PPO) one step earlier too, and on terminations only, so
+    its trace runs on across time limits. The state (trace, statistics, maximum) is tensors only and travels with
     `state_dict()`. Stacked for a seed group (keelrl.networks.seeds), every state tensor has a leading seed axis and
     each seed keeps its own trace, statistics and maximum.
     """

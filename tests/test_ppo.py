@@ -118,7 +118,8 @@ def oracle(agent: PPO, rollout: RolloutBuffer, next_obs: torch.Tensor) -> tuple[
         m_hat, v_hat = (1 - ADAM_BETA1) * g / (1 - ADAM_BETA1), (1 - ADAM_BETA2) * g * g / (1 - ADAM_BETA2)
         new[name] = p.detach() - config.learning_rate * m_hat / (v_hat.sqrt() + ADAM_EPS)
     losses = {"policy_loss": policy_loss, "value_loss": value_loss, "entropy": entropy.mean(),
-              "approx_kl": ((ratio - 1) - (log_probs - old_log_probs)).mean()}
+              "approx_kl": ((ratio - 1) - (log_probs - old_log_probs)).mean(),
+              "old_approx_kl": (old_log_probs - log_probs).mean()}
     assert float(norm) > config.max_grad_norm  # the clipping is exercised
     assert ((ratio - 1).abs() > clip).any() and ((values - old_values).abs() > clip).any()  # so are both clips
     return {n: v.detach() for n, v in losses.items()}, new
