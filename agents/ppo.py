@@ -17,10 +17,11 @@ The algorithm, top to bottom:
   starts afresh after every episode end, a time limit's too, where gymnasium's is reset only by a termination and
   one step earlier (G ← γ(1 − terminated)G + r), so when episodes run to their time limit the trace does not carry
   over into the next one: on a made-up stream of rewards 3 ± 0.5 in 1000-step episodes that all reach the limit,
-  gymnasium's rule gives a return std about 4.6 times smaller, and so rewards about 4.6 times larger; the statistics are of the observations acted
-  on (a terminal observation, which no action follows, is not folded in); one set of statistics is kept for all
-  envs (gymnasium's wrapper keeps one per env; the same at the Box default of one env); and they start from no
-  data (gymnasium's from a count of 1e-4), which changes the first few steps only. On Hopper-v5 (1M steps, 3
+  gymnasium's rule gives a return std about 4.6 times smaller, and so rewards about 4.6 times larger; the
+  statistics are of the observations acted on (a terminal observation, which no action follows, is not folded
+  in); one set of statistics is kept for all envs (gymnasium's wrapper keeps one per env; the same at the Box
+  default of one env); and they start from no data (gymnasium's from a count of 1e-4), which changes the first
+  few steps only. On Hopper-v5 (1M steps, 3
   seeds) keelrl's PPO and CleanRL's script end within each other's spread (benchmarks/results/ppo.md);
 - a rollout of `num_steps` steps of `num_envs` envs; where an episode is truncated (a time limit), its reward
   gains γ V(true final observation), so the return is bootstrapped through the time limit (CleanRL's script
