@@ -32,7 +32,7 @@ setup(
         "offline": ["minari[hdf5]>=0.5", "h5py>=3.8"],
         "llm": ["transformers>=4.40"],
         "ray": ["ray>=2.9"],
-        "video": ["imageio[ffmpeg]>=2.30"],  # --capture-video's MP4s
+        "video": ["imageio[ffmpeg]>=2.30", "pygame>=2.1"],  # --capture-video's MP4s; pygame draws classic control
         "wandb": ["wandb>=0.17"],  # --track
         "dev": ["pytest>=7.4", "pytest-timeout>=2.2"],
     },

@@ -25,6 +25,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+from typing import Literal
 
 import numpy as np
 import torch
@@ -106,7 +107,7 @@ class IQLConfig(DatasetOptions, RunOptions):
     """updates between evaluations (0: only at the end)"""
     device: str = "cpu"
     """torch device for networks and dataset"""
-    precision: str = "fp32"
+    precision: Literal["fp32", "bf16"] = "fp32"
     """'fp32', or 'bf16': matrix products in bfloat16 under autocast; weights, optimiser state, losses, TD targets,
     log-probabilities and target updates stay float32 (fast only where the CPU or GPU has native bf16)"""
 

@@ -134,7 +134,7 @@ class SACConfig(NetworkOptions, RunOptions):
     """the SimBa or SimbaV2 paper's settings in one flag; an explicit option that contradicts it is refused"""
     device: str = "cpu"
     """torch device for networks and replay buffer"""
-    precision: str = "fp32"
+    precision: Literal["fp32", "bf16"] = "fp32"
     """'fp32', or 'bf16': matrix products in bfloat16 under autocast; weights, optimiser state, losses, TD targets,
     log-probabilities and target updates stay float32 (fast only where the CPU or GPU has native bf16)"""
     compile: bool = False

@@ -13,7 +13,7 @@ The algorithm, top to bottom:
   step is stored in the replay buffer and followed by `utd` updates per environment.
 The networks come from keelrl.networks (NetworkOptions: MLP, SimBa or SimbaV2; scalar, C51 or HL-Gauss
 critic outputs), the replay buffer from keelrl.buffers, the run plumbing (logs, evaluation and checkpoint
-timing, resume) from agents/harness.py.
+timing, resume) from keelrl.agents.harness.
 """
 
 from __future__ import annotations
@@ -125,7 +125,7 @@ class TD3Config(NetworkOptions, RunOptions):
     """the SimBa or SimbaV2 paper's settings in one flag; an explicit option that contradicts it is refused"""
     device: str = "cpu"
     """torch device for networks and replay buffer"""
-    precision: str = "fp32"
+    precision: Literal["fp32", "bf16"] = "fp32"
     """'fp32', or 'bf16': matrix products in bfloat16 under autocast; weights, optimiser state, losses, TD targets,
     log-probabilities and target updates stay float32 (fast only where the CPU or GPU has native bf16)"""
     compile: bool = False

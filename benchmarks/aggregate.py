@@ -32,7 +32,7 @@ LAST_EPISODES = 10
 NORMALIZED_COLUMNS = ("normalized_score", "normalised_score")
 OFFLINE_SCORE_TAG = "eval/normalized_score"
 CONFIG_FILE = "config.json"
-"""a run directory's record of its algorithm and config (agents/harness.py writes it)"""
+"""a run directory's record of its algorithm and config (keelrl.agents.harness.run_directory writes it)"""
 DATASET_FILE = "dataset.json"
 """a run directory's record of the offline dataset it learned from, with its reference returns"""
 CLEAN = "clean"

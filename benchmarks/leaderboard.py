@@ -67,6 +67,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -563,8 +564,10 @@ def check_dataset(where: str, dataset: str, data_path: str | None) -> None:
         raise FileNotFoundError(f"{where}: {err}") from None
 
 
-def run_agent_process(command: list[str], log_path: str, mode: str) -> dict[str, Any]:
-    """Run `python <command>` with its output appended to log_path; its exit code, wall time and host.
+def run_agent_process(command: list[str], log_path: str, mode: str,
+                      running: set[subprocess.Popen] | None = None) -> dict[str, Any]:
+    """Run `python <command>` with its output appended to log_path; its exit code, wall time and host. The process
+    is in `running` while it runs (a local worker's, which stops it when the leaderboard is stopped).
 
     The same function runs in a local worker thread and inside a Ray task.
     """
@@ -574,12 +577,16 @@ def run_agent_process(command: list[str], log_path: str, mode: str) -> dict[str,
                   f"python {' '.join(command)}\n")
         log.flush()
         process = subprocess.Popen([sys.executable, *command], stdout=log, stderr=subprocess.STDOUT)
+        if running is not None:
+            running.add(process)
         try:
             returncode = process.wait()
         finally:
             if process.poll() is None:  # this task was cancelled: let the agent stop as on Ctrl-C
                 process.send_signal(signal.SIGINT)
                 process.wait()
+            if running is not None:
+                running.discard(process)
     usable_cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     return {"returncode": returncode, "start_time": start_time, "wall_s": time.perf_counter() - start,
             "host": socket.gethostname(), "usable_cpus": usable_cpus, "worker_pid": os.getpid()}
@@ -594,6 +601,8 @@ class LocalWorkers:
     def __init__(self, workers: int):
         self.capacity = workers
         self.running: dict[concurrent.futures.Future, Job] = {}
+        self.processes: set[subprocess.Popen] = set()
+        """the agent processes running now"""
 
     def __enter__(self) -> LocalWorkers:
         self.pool = concurrent.futures.ThreadPoolExecutor(max_workers=self.capacity)
@@ -601,7 +610,8 @@ class LocalWorkers:
 
     def start(self, job: Job) -> None:
         cell, mode, command = job
-        self.running[self.pool.submit(run_agent_process, command, str(cell.cell_dir / LOG_FILE), mode)] = job
+        self.running[self.pool.submit(run_agent_process, command, str(cell.cell_dir / LOG_FILE), mode,
+                                      self.processes)] = job
 
     def next_finished(self) -> tuple[Job, dict[str, Any]]:
         done, _ = concurrent.futures.wait(self.running, return_when=concurrent.futures.FIRST_COMPLETED)
@@ -609,7 +619,12 @@ class LocalWorkers:
         return self.running.pop(future), future.result()
 
     def finish(self) -> list[tuple[Job, dict[str, Any]]]:
-        """After a Ctrl-C (the agents got it too: each checkpoints and stops): every running job with its outcome."""
+        """After a Ctrl-C or SIGTERM: every running job with its outcome, once its agent has checkpointed and
+        stopped. The agents are sent SIGTERM (a Ctrl-C at a terminal reached them already, and they ignore the
+        second signal; a signal sent to the leaderboard's process alone did not)."""
+        for process in list(self.processes):
+            if process.poll() is None:
+                process.send_signal(signal.SIGTERM)
         done, _ = concurrent.futures.wait(self.running)
         return [(self.running.pop(future), future.result()) for future in done]
 
@@ -760,7 +775,7 @@ def run_grids(
                 if not pool.running:
                     break
                 on_done(*pool.next_finished())
-        except KeyboardInterrupt:  # record the attempts the Ctrl-C stopped, with their wall time
+        except KeyboardInterrupt:  # Ctrl-C or SIGTERM: stop the agents, record the attempts with their wall time
             for job, outcome in pool.finish():
                 on_done(job, outcome)
             raise
@@ -974,10 +989,31 @@ def shareable_text(text: str) -> str:
     return ABSOLUTE_PATH.sub(lambda match: shareable_path(match.group(0)), text)
 
 
+class StopAsInterrupt:
+    """SIGTERM (what SLURM, Kubernetes and `timeout` send) handled as Ctrl-C is: the running cells are stopped with
+    their checkpoints and the attempts recorded (without it, SIGTERM ended the leaderboard at once and left its
+    agent processes running, orphaned). `received`: the signal that came (SIGINT if none, as Python's own
+    KeyboardInterrupt)."""
+
+    def __init__(self):
+        self.received = signal.SIGINT
+        self._previous = signal.signal(signal.SIGTERM, self._interrupt) if (
+            threading.current_thread() is threading.main_thread()) else None
+
+    def _interrupt(self, signum: int, frame: Any) -> None:
+        self.received = signum
+        raise KeyboardInterrupt
+
+    def restore(self) -> None:
+        if self._previous is not None:
+            signal.signal(signal.SIGTERM, self._previous)
+
+
 def main(argv: list[str] | None = None) -> int:
     import shlex
 
     args = tyro.cli(Args, args=argv)
+    stop = StopAsInterrupt()
     try:
         grids = grids_from_args(args)
         refuse_mixed_budgets([cell for grid in grids for cell in expand(grid, Path(args.runs_dir))])
@@ -1005,8 +1041,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {err}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print("interrupted: run the same command again to resume the unfinished cells", file=sys.stderr)
-        return 130
+        print(f"{signal_name(stop.received)}: stopped (the cells that were running wrote their checkpoints); run the "
+              f"same command again to resume the unfinished cells", file=sys.stderr)
+        return 128 + stop.received
+    finally:
+        stop.restore()
     unfinished = [r for r in results if r.status not in ("done", "unavailable")]
     if unfinished:
         print(f"{len(unfinished)} cell(s) not finished: " + ", ".join(f"{r.label} {r.task} seed {r.seed} ({r.status})"

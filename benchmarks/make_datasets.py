@@ -9,15 +9,19 @@ The D4RL recipe (Fu et al. 2020), for one environment:
 - `medium`: SAC trained and stopped early, when its deterministic evaluation first reaches
   `--medium-return` (default: one third of D4RL's expert return for hopper, halfcheetah and walker2d);
   `--steps` transitions of that policy, actions sampled from it;
-- `medium-replay`: the replay buffer of that medium run (every transition seen until it stopped);
+- `medium-replay`: the replay buffer of that medium run (every transition seen until it stopped; SAC trains in
+  chunks of `--eval-every` steps, and its envs start new episodes at each chunk, so the episodes in progress there
+  end as timeouts: D4RL's buffers have no such cuts);
 - `expert`: the same SAC run continued to `--sac-steps`; `--steps` transitions of it;
 - `medium-expert`: medium followed by expert.
 `--quick` makes keelrl/{env}-{random,medium,medium-replay}-quick-v0 in a few minutes: SAC trains for only
 10,000 environment steps and its policy then is "medium" whatever its return (a weak policy, not D4RL's
 medium), 10,000 transitions each. Every dataset's Minari description says how its policy was made (SAC's
-budget and evaluation return). Every dataset records `ref_min_score` (mean return of the random policy) and `ref_max_score` (mean
-return of the deterministic expert) over `--ref-episodes` episodes; without an expert in the run,
-D4RL's expert reference return is used (and said).
+budget and evaluation return). Every dataset records `ref_min_score` (mean return of the random policy) and
+`ref_max_score` (mean return of the deterministic expert) over `--ref-episodes` episodes; without an expert in the
+run, D4RL's expert reference return is used. The references are measured once per `--work-dir` and kept for every
+dataset made there later (an expert made later does not change them), so that all datasets of one environment and
+version are scored alike; each dataset's description says which they are.
 
 Resuming: everything lives in `--work-dir`. SAC trains in chunks of `--eval-every` steps with a
 checkpoint after each, finished policies are kept (medium.pt, medium_buffer.pt, expert.pt) and a
@@ -302,11 +306,17 @@ class DatasetMaker:
             or "medium-expert" in self.config.datasets
 
     # --- reference scores and datasets
-    def reference_scores(self) -> tuple[float, float]:
+    def reference_scores(self) -> tuple[float, float, str]:
+        """(random return, expert return, where the expert return comes from): measured on the first call in this
+        work directory and kept (module docstring)."""
         path = self.work / "ref_scores.json"
         if path.is_file():
             refs = json.loads(path.read_text())
-            return refs["ref_min_score"], refs["ref_max_score"]
+            if self.has_expert() and refs["ref_max_source"] != "expert":
+                self.log(f"reference returns kept from the datasets made before in {self.work}: "
+                         f"{refs['ref_max_source']} {refs['ref_max_score']:.1f}, not this run's expert, so that all "
+                         f"score alike")
+            return refs["ref_min_score"], refs["ref_max_score"], refs["ref_max_source"]
         config = self.config
         random_returns, _ = play_episodes(uniform_policy(config.env_id, config.seed), config.env_id,
                                             config.ref_episodes, config.seed + 20_000)
@@ -318,10 +328,10 @@ class DatasetMaker:
             ref_max, source = float(expert_returns.mean()), "expert"
         else:  # a D4RL environment (__init__ refused others)
             ref_max = D4RL_REF_SCORES[env_family(config.env_id)][1]
-            source = "D4RL expert reference (no expert made here)"
+            source = "D4RL's expert reference return"
         path.write_text(json.dumps({"ref_min_score": ref_min, "ref_max_score": ref_max, "ref_max_source": source}))
         self.log(f"reference returns: random {ref_min:.1f}, {source} {ref_max:.1f}")
-        return ref_min, ref_max
+        return ref_min, ref_max, source
 
     def policy_data(self, kind: str) -> dict[str, np.ndarray]:
         config = self.config
@@ -347,11 +357,13 @@ class DatasetMaker:
             self.log(f"{identifier}: exists in {self.data_path}, kept")
             return identifier
         data = self.data_for(kind)
-        ref_min, ref_max = self.reference_scores()
+        ref_min, ref_max, source = self.reference_scores()
         write_minari_dataset(identifier, data, self.config.env_id, self.data_path, ref_min, ref_max,
                              description=f"D4RL-style {kind} dataset of {self.config.env_id} made by "
                                          f"keelrl.benchmarks.make_datasets{' --quick' * self.config.quick}; policy: "
-                                         f"{self.provenance(kind)}", algorithm_name=f"keelrl SAC ({kind})")
+                                         f"{self.provenance(kind)}; normalised-score references: random policy "
+                                         f"{ref_min:.1f}, {source} {ref_max:.1f}",
+                             algorithm_name=f"keelrl SAC ({kind})")
         returns = episode_returns(data)
         self.log(f"{identifier}: {len(data['rewards'])} transitions, {len(returns)} episodes, mean return "
                  f"{returns.mean():.1f} (normalised {normalized_score(returns.mean(), ref_min, ref_max):.1f}) "

@@ -138,7 +138,10 @@ def minari_data_dir(source: str, data_path: str | os.PathLike | None) -> Path:
                                 f".hdf5/.npz file in the D4RL layout.")
     # ids share their namespace, kind and version: only a near-identical one is a likely typo
     close = difflib.get_close_matches(source, dataset_ids(root), n=3, cutoff=0.85)
-    what_to_do = f"Did you mean {', '.join(map(repr, close))}?" if close else _how_to_make(source)
+    what_to_do = _how_to_make(source)
+    if close:  # a typo, or an id keelrl makes that is near one made already (hopper-medium-v0 beside its -quick)
+        what_to_do = f"Did you mean {', '.join(map(repr, close))}?" + (
+            f" Or: {what_to_do}" if _latest_env_of_family(_family_of(source)) else "")
     raise FileNotFoundError(f"No dataset {source!r}: looked for a Minari dataset in {root / source} "
                             f"(set --data-path or MINARI_DATASETS_PATH to look elsewhere). {what_to_do}")
 
@@ -159,6 +162,12 @@ def _how_to_make(dataset_id: str) -> str:
     where = "" if env_id else f" (ENV_ID: the gymnasium environment named {family!r})"
     options = f" --env-id {env_id or 'ENV_ID'} --datasets {kind}" + " --quick" * bool(quick)
     return f"Create it{where} with: {MAKE_DATASETS}{options}" + f" --version {version}" * (version != "0")
+
+
+def _family_of(dataset_id: str) -> str:
+    """The env family a keelrl dataset id names ('keelrl/hopper-medium-v0' -> 'hopper'; '' for another id)."""
+    match = re.fullmatch(r"keelrl/(.+?)-(random|medium-replay|medium-expert|medium|expert)(-quick)?-v(\d+)", dataset_id)
+    return "" if match is None else match.group(1)
 
 
 def _latest_env_of_family(family: str) -> str | None:
@@ -453,7 +462,9 @@ class DatasetOptions:
     env_id: str | None = None
     """evaluation environment (default: the one the dataset records; needed for .hdf5/.npz files)"""
     normalize_reward: bool = False
-    """scale rewards by 1000 / (max − min episode return in the dataset), CORL's MuJoCo reward normalisation"""
+    """scale rewards by 1000 / (max − min episode return in the dataset), IQL's MuJoCo reward normalisation, episodes
+    split as the original IQL code splits them (CORL's return_reward_range splits them otherwise:
+    buffers/offline.py normalize_rewards)"""
     drop_timeout_transitions: bool = False
     """drop the last transition of time-limit episodes as D4RL's qlearning_dataset does (keelrl keeps them)"""
     corruption: Literal["obs", "act", "reward", "dynamics"] | None = None

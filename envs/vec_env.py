@@ -20,6 +20,7 @@ seed + i) and returns their returns and costs: every agent's `evaluate` is it, o
 from __future__ import annotations
 
 import difflib
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -39,9 +40,20 @@ def _suggest(name: str, known: list[str]) -> str:
 
 
 def make_gym_env(env_id: str, **env_kwargs: Any) -> gym.Env:
-    """`gym.make(env_id, **env_kwargs)`; an id gymnasium cannot make raises one ValueError suggesting close ids."""
+    """`gym.make(env_id, **env_kwargs)`; an id gymnasium cannot make raises one ValueError suggesting close ids, and
+    so do a missing package and a MUJOCO_GL backend that does not load, saying which."""
     try:
         return gym.make(env_id, **env_kwargs)
+    except gym.error.DependencyNotInstalled as err:
+        raise ValueError(f"{env_id} needs a package that is not installed here: {err}") from None
+    except (ImportError, AttributeError) as err:  # PyOpenGL fails on import (AttributeError) without the library
+        backend = os.environ.get("MUJOCO_GL")
+        if backend is None:
+            raise
+        raise ValueError(f"{env_id}: MUJOCO_GL={backend}, and that OpenGL backend does not load here "
+                         f"({type(err).__name__}: {str(err).splitlines()[0]}): install it (EGL: apt install libegl1; "
+                         f"OSMesa: apt install libosmesa6) or unset MUJOCO_GL (keelrl finds one when it films)."
+                         ) from None
     except gym.error.Error as err:
         known = [k for k in gym.registry if not k.startswith("keelrl_test")]
         raise ValueError(
@@ -106,6 +118,9 @@ class _EnvpoolBackend:
             ) from None
         known = envpool.list_all_envs()
         if env_id not in known:
+            if env_id in gym.registry:  # keelrl's own tasks (keelrl/Safe*), or a gymnasium version envpool lacks
+                raise ValueError(f"envpool has no environment {env_id!r}; gymnasium has it: use --env-backend "
+                                 f"gymnasium.")
             raise ValueError(f"envpool has no environment {env_id!r}.{_suggest(env_id, known)}")
         self.max_episode_steps = env_kwargs.get("max_episode_steps",
                                                 envpool.make_spec(env_id).config.max_episode_steps)

@@ -69,6 +69,8 @@ class Evaluation:
     """each episode's cost; None on an env that reports no cost"""
     csv_path: Path
     video_path: Path | None
+    policy: str = "deterministic policy"
+    """what acted: the agent's deterministic or stochastic policy, or the fixed policy a stream TD run evaluates"""
 
 
 def model_path(path: str) -> Path:
@@ -194,7 +196,14 @@ def evaluate_saved(config: EvaluateConfig) -> Evaluation:
         costs = None
     write_csv(csv_file, config.seed, returns, costs)
     video_path = film(agent, algo, env_id, config, model, csv_file) if config.capture_video else None
-    return Evaluation(algo, env_id, returns, costs, csv_file, video_path)
+    return Evaluation(algo, env_id, returns, costs, csv_file, video_path, policy_played(agent, algo, config))
+
+
+def policy_played(agent: Any, algo: str, config: EvaluateConfig) -> str:
+    """What acted in the episodes, as the evaluation's summary line says it."""
+    if algo == "stream_td":  # it learns the value of a policy it does not change: that policy plays
+        return "uniform random policy" if agent.policy is None else f"{agent.policy.algo} model's deterministic policy"
+    return "stochastic policy" if config.stochastic else "deterministic policy"
 
 
 def film(agent: Any, algo: str, env_id: str, config: EvaluateConfig, model: Path, csv_file: Path) -> Path:
@@ -231,8 +240,7 @@ def main(args: list[str] | None = None) -> int:
     except (ValueError, FileNotFoundError, VideoUnavailable) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    policy = "stochastic" if config.stochastic else "deterministic"
-    print(f"{result.algo} on {result.env_id}, {len(result.returns)} episodes ({policy} policy, seeds {config.seed}"
+    print(f"{result.algo} on {result.env_id}, {len(result.returns)} episodes ({result.policy}, seeds {config.seed}"
           f"-{config.seed + len(result.returns) - 1}): return {result.returns.mean():.1f} ± {result.returns.std():.1f}"
           + ("" if result.costs is None else f", cost {result.costs.mean():.1f} ± {result.costs.std():.1f}"))
     print(f"episodes written to {result.csv_path}" + (f"; video {result.video_path}" if result.video_path else ""))

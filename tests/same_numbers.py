@@ -14,8 +14,8 @@ weight digest weights.txt bit for bit, prints one line per case (identical, or t
 their first differing line), and exits 0 if every case is identical, 1 otherwise, 2 on bad usage.
 
 Never compare with runs made on another machine: float results differ in the last bits from one CPU kind to
-another (DESIGN.md, "Numbers across machines"). tests/test_determinism.py checks on the machine at hand that
-each case gives the same numbers twice with one seed.
+another. tests/test_determinism.py checks on the machine at hand that each case gives the same numbers twice
+with one seed.
 
 One case into a directory, for debugging (keelrl imported from KEELRL_ROOT, by default this repository):
 

@@ -2,7 +2,7 @@
 twice in this process with one seed, writes the same episodes.csv, eval.csv and weight digest, bit for bit;
 another seed writes other numbers; and the refactoring tool (python -m tests.same_numbers --against COMMIT)
 tells a tree with one number changed from an unchanged one. Nothing here is compared with runs made on another
-machine (DESIGN.md, "Numbers across machines")."""
+machine: float results differ in the last bits from one CPU kind to another."""
 
 import re
 import shutil

@@ -456,6 +456,31 @@ def test_a_grid_killed_mid_run_is_resumed_from_the_checkpoint(tmp_path):
     assert after[: len(kept)] == kept  # what the checkpoint covered is unchanged
 
 
+def test_sigterm_to_the_leaderboard_stops_its_agents_with_their_checkpoints(tmp_path):
+    """SIGTERM to the leaderboard's process alone (what a scheduler sends) ended it at once, silently, and left its
+    agent process training, orphaned; running the grid again then resumed a run that was still training."""
+    grid_file = tmp_path / "terminated.toml"
+    grid_file.write_text('name = "terminated"\nseeds = [1]\nsteps = 100000\ntasks = ["InvertedPendulum-v5"]\n'
+                         'agents = ["sac"]\noptions = ' + json.dumps(TINY).replace(":", " =") + "\n")
+    runs = tmp_path / "runs"
+    command = [sys.executable, "-m", "keelrl.benchmarks.leaderboard", "--grid", str(grid_file), "--workers", "1",
+               "--runs-dir", str(runs), "--out-dir", str(tmp_path / "out")]
+    leader = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    cell = leaderboard.expand(leaderboard.load_grid(str(grid_file)), runs)[0]
+    deadline = time.monotonic() + 60
+    while not list(runs.glob("**/episodes.csv")) and time.monotonic() < deadline:  # the agent trains
+        time.sleep(0.05)
+    leader.send_signal(signal.SIGTERM)
+    assert leader.wait(timeout=60) == 128 + signal.SIGTERM
+    assert "SIGTERM: stopped (the cells that were running wrote their checkpoints)" in leader.stderr.read()
+    state, run_dir = cell.state()
+    assert state == "resume"  # the agent checkpointed as it stopped
+    (attempt,) = cell.record()["attempts"]
+    assert attempt["returncode"] == 128 + signal.SIGTERM and attempt["wall_s"] > 0
+    ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
+    assert str(runs) not in ps  # no agent process left behind
+
+
 def test_a_cell_stopped_by_a_signal_is_unfinished_and_one_that_crashed_is_failed(tmp_path):
     grid_file = tmp_path / "stopped.toml"
     grid_file.write_text('name = "stopped"\nseeds = [1]\nsteps = 300\ntasks = ["InvertedPendulum-v5"]\n'
@@ -584,7 +609,7 @@ def recorded_attempt(cells, mode, wall_s, returncode=0, start_time=1.0, seeds=1)
 def finishing_agent(calls):
     """A stand-in for run_agent_process that records each command and, for a --resume, finishes every run of the
     seed group it resumes (model.pt), as the agent would; 30 s of wall time."""
-    def run(command, log_path, mode):
+    def run(command, log_path, mode, running=None):
         calls.append(command)
         if "--resume" in command:
             run_dir = Path(command[command.index("--resume") + 1])
@@ -627,7 +652,7 @@ def test_a_stopped_seed_group_resumes_as_one_process_and_a_cell_found_done_is_ne
         write_run(cell, done=False)
         recorded_attempt([cell], "new", wall_s=10.0, returncode=130, start_time=float(cell.seed))
 
-    def finishes_both(command, log_path, mode):
+    def finishes_both(command, log_path, mode, running=None):
         calls.append(command)
         for cell in (first, second):
             (cell.state()[1] / leaderboard.MODEL_FILE).write_bytes(b"")
@@ -651,7 +676,7 @@ def test_an_attempt_stopped_by_ctrl_c_is_recorded_and_a_run_with_an_unrecorded_a
     grid = tiny_grid("stopped", ["sac"], seeds=(1,))
     (cell,) = leaderboard.expand(grid, tmp_path / "runs")
 
-    def stopped_by_ctrl_c(command, log_path, mode):
+    def stopped_by_ctrl_c(command, log_path, mode, running=None):
         time.sleep(0.2)  # the agent runs
         signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)  # the user's Ctrl-C reaches the leaderboard
         time.sleep(0.2)  # ... and the agent, which checkpoints and stops

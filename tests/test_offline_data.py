@@ -351,9 +351,32 @@ def test_make_datasets_quick_path_takes_sac_at_its_budget_and_says_so_in_the_met
         last = list(csv.DictReader(f))[-1]
     described = {kind: json.loads((tmp_path / "data" / i / "data" / "metadata.json").read_text())["description"]
                  for kind, i in zip(("random", "medium", "medium-replay"), ids)}
-    assert described["random"].endswith("policy: uniform random actions")
+    refs = load_dataset_with_info(ids[0], data_path=tmp_path / "data")[1]
+    references = (f"; normalised-score references: random policy {refs.ref_min_score:.1f}, expert "
+                  f"{refs.ref_max_score:.1f}")
+    assert described["random"].endswith("policy: uniform random actions" + references)
     made = (f"keelrl SAC (CleanRL defaults, seed 1) after 300 environment steps, deterministic evaluation return "
             f"{float(last['mean_return']):.1f} over 10 episodes")
-    assert described["medium"].endswith(f"policy: {made}; actions sampled from it")
-    assert described["medium-replay"].endswith(f"policy: every transition in the replay buffer of the run of {made}")
+    assert described["medium"].endswith(f"policy: {made}; actions sampled from it" + references)
+    assert described["medium-replay"].endswith(f"policy: every transition in the replay buffer of the run of {made}"
+                                               + references)
     assert "make_datasets --quick" in described["medium"]
+
+
+def test_datasets_made_later_in_a_work_directory_keep_its_references_and_say_which(tmp_path, capsys):
+    """A random dataset made first has no expert to measure: D4RL's expert return scores it. An expert made later in
+    the same work directory keeps that reference (the family's datasets must score alike); its ref_scores.json once
+    claimed "no expert made here" beside the expert, and no description said where the reference came from."""
+    common = ["--env-id", "Hopper-v5", "--steps", "100", "--sac-steps", "300", "--eval-every", "300",
+              "--learning-starts", "100", "--medium-return", "1e9", "--ref-episodes", "2", "--num-envs", "2",
+              "--data-path", str(tmp_path / "data"), "--work-dir", str(tmp_path / "work")]
+    assert main([*common, "--datasets", "random"]) == 0
+    assert main([*common, "--datasets", "expert"]) == 0
+    assert "reference returns kept from the datasets made before in " in capsys.readouterr().err
+    for kind in ("random", "expert"):
+        refs = load_dataset_with_info(f"keelrl/hopper-{kind}-v0", data_path=tmp_path / "data")[1]
+        assert refs.ref_max_score == 3234.3
+        description = json.loads((tmp_path / "data" / "keelrl" / f"hopper-{kind}-v0" / "data" /
+                                   "metadata.json").read_text())["description"]
+        assert description.endswith(f"normalised-score references: random policy {refs.ref_min_score:.1f}, D4RL's "
+                                    f"expert reference return 3234.3")

@@ -3,7 +3,7 @@
 Each test copies the agent's initial weights into plain float64 tensors, redoes the update with its own
 forward passes (matmuls, written out here, not keelrl's modules), autograd on those, and a hand-written
 optimiser step (Adam's first step p − lr·g/(|g| + ε), since m̂ = g and v̂ = g² after one step; ObGD from
-its specification in /work/shared/DESIGN.md), then compares the agent's returned losses, its targets,
+its specification in the stream-x paper, Elsayed et al. 2024), then compares the agent's returned losses, its targets,
 its traces and EVERY parameter after the step. Float32 agent against a float64 oracle: the tolerances
 only absorb rounding.
 
@@ -395,7 +395,7 @@ def test_lambda_updates_by_hand_from_batches_of_episode_costs(agent_cls, config_
 
 
 # ----------------------------------------------------------------------------------------------------------
-# streaming: plain StreamMLP forward pass and ObGD, from DESIGN.md's specification
+# streaming: plain StreamMLP forward pass and ObGD, from the paper's specification
 
 
 def stream_mlp(params: list[torch.Tensor], x: torch.Tensor, num_hidden: int) -> torch.Tensor:

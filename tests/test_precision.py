@@ -123,8 +123,11 @@ def test_networks_return_float32_under_bf16_autocast():
 
 
 def test_bad_precision_is_refused_in_one_line_and_emulated_bf16_warns_once(monkeypatch, capsys, tmp_path):
-    assert run_cli(sac.train, sac.SACConfig, args=["--precision", "fp16", "--runs-dir", str(tmp_path)]) == 2
-    assert capsys.readouterr().err.strip() == "error: --precision must be one of fp32, bf16, got 'fp16'."
+    with pytest.raises(SystemExit) as refused:  # the command line offers the choices (--help: {fp32,bf16})
+        run_cli(sac.train, sac.SACConfig, args=["--precision", "fp16", "--runs-dir", str(tmp_path)])
+    assert refused.value.code == 2 and "fp16" in capsys.readouterr().err
+    with pytest.raises(ValueError, match=r"^--precision must be one of fp32, bf16, got 'fp16'\.$"):  # in Python
+        sac.train(sac.SACConfig(precision="fp16", runs_dir=str(tmp_path)))
     monkeypatch.setattr(training, "native_bf16", lambda device: False)
     monkeypatch.setattr(training, "_warned_emulated_bf16", False)
     with warnings.catch_warnings(record=True) as caught:

@@ -362,3 +362,24 @@ def test_a_resume_that_fails_lets_the_run_be_resumed_again(tmp_path, monkeypatch
         sac.train(sac.SACConfig(resume=str(run_dir), quiet=True))
     monkeypatch.undo()
     assert resume(run_dir) == 0
+
+
+def test_a_signal_while_the_run_starts_stops_it_after_its_first_step_with_a_checkpoint(tmp_path, monkeypatch, capsys):
+    """A SIGTERM between the run directory's making and the loop (its handler came with `with run:`) ended the
+    process at once: a directory with config.json only, which --resume called not a run."""
+    real_save_config = loop.save_config
+
+    def save_config_and_signal(run_dir, algo, config):
+        real_save_config(run_dir, algo, config)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    monkeypatch.setattr(loop, "save_config", save_config_and_signal)
+    args = [*SAC_ARGS, "--total-timesteps", "300", "--runs-dir", str(tmp_path), "--quiet"]
+    assert run_cli(sac.train, sac.SACConfig, args=args) == 128 + signal.SIGTERM
+    (run_dir,) = tmp_path.iterdir()
+    assert torch.load(run_dir / CHECKPOINT_FILE, weights_only=True)["global_step"] == 1
+    assert f"SIGTERM: stopped at step 1 of 300 with a checkpoint; continue with: python -m keelrl.agents.sac " \
+           f"--resume {run_dir}" in capsys.readouterr().err
+    monkeypatch.undo()
+    assert resume(run_dir) == 0
+    assert torch.load(run_dir / CHECKPOINT_FILE, weights_only=True)["global_step"] == 300

@@ -76,3 +76,22 @@ def test_an_offline_agent_counts_updates_and_shows_no_training_return(tmp_path, 
                                             (24 * 3600 + 6 * 60 + 8, "24:06:08"), (250 * 3600, "250:00:00")])
 def test_the_time_left_counts_hours_past_a_day(seconds, shown):
     assert duration(seconds) == shown
+
+
+def test_a_resumed_run_shows_its_last_evaluation_and_a_speed_only_of_what_it_measured(tmp_path, capsys):
+    """The first progress lines after --resume said "last evaluation –" although eval.csv had one; and a run whose
+    only update came at its last step printed "0.0 while updating"."""
+    first = tiny_run(tmp_path)
+    capsys.readouterr()
+    stream_q.train(stream_q.StreamQConfig(resume=str(first.run_dir), extend_to=410, progress_seconds=0.0))
+    lines = matching(re.compile(ONLINE_LINE.pattern.replace("/400", "/410")), capsys.readouterr().out)
+    with open(first.run_dir / "eval.csv") as f:
+        last = f.read().splitlines()[-2].split(",")  # the evaluation at step 400 (the last row is step 410's)
+    assert int(last[0]) == 400 and float(lines[0][4]) == pytest.approx(float(last[1]), abs=0.05)
+
+    from keelrl.agents import sac
+
+    sac.train(sac.SACConfig(env_id="InvertedPendulum-v5", total_timesteps=60, learning_starts=59, batch_size=8,
+                            hidden_sizes=(8,), eval_episodes=1, quiet=True, runs_dir=str(tmp_path / "sac")))
+    (speeds,) = [line for line in capsys.readouterr().out.splitlines() if line.startswith("steps/s")]
+    assert "overall" in speeds and "while updating" not in speeds  # one update, at the last step: no speed of its own

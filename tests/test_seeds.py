@@ -264,7 +264,9 @@ def test_seed_directories_load_evaluate_and_resume_together(tmp_path, capsys):
         assert f"is in use: process {process.pid} on " in capsys.readouterr().err
     process.send_signal(signal.SIGTERM)
     process.stdout.read()
-    assert process.wait(timeout=60) == 128 + signal.SIGTERM, process.stderr.read()
+    assert process.wait(timeout=60) == 128 + signal.SIGTERM
+    (stopped,) = [line for line in process.stderr.read().splitlines() if "continue with:" in line]  # one for both
+    assert stopped.endswith(f"--resume {run_dirs[0]} (it resumes all 2 seeds)")
     stopped_at = [torch.load(d / CHECKPOINT_FILE, weights_only=True)["global_step"] for d in run_dirs]
     assert stopped_at[0] == stopped_at[1] and 400 <= stopped_at[0] < 3000
     assert json.loads((run_dirs[1] / SEEDS_FILE).read_text())["runs"] == ["../../seed7/" + run_dirs[0].name, "."]

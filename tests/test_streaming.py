@@ -543,3 +543,16 @@ def test_a_stream_td_model_loads_and_evaluates_without_its_policys_file(tmp_path
     moved = StreamQ.load(tmp_path / "moved" / "model.pt")
     for name, tensor in moved.state_dict().items():
         torch.testing.assert_close(loaded.policy.state_dict()[name], tensor, rtol=0, atol=0, msg=name)
+
+
+def test_the_evaluation_command_names_the_policy_a_stream_td_run_plays(tmp_path, capsys):
+    """It said "(deterministic policy, ..." of a uniform random policy."""
+    from keelrl.evaluate import main as evaluate_main
+
+    q_run = train_q(tiny(StreamQConfig, tmp_path / "q", total_timesteps=300, eval_freq=0))
+    for policy, said in (("random", "uniform random policy"),
+                         (str(q_run.run_dir / "model.pt"), "stream_q model's deterministic policy")):
+        td_run = train_td(tiny(StreamTDConfig, tmp_path / policy[-8:], total_timesteps=300, eval_freq=0, policy=policy))
+        capsys.readouterr()
+        assert evaluate_main([str(td_run.run_dir), "--episodes", "2", "--csv", str(tmp_path / "e.csv")]) == 0
+        assert f"stream_td on CartPole-v1, 2 episodes ({said}, seeds " in capsys.readouterr().out

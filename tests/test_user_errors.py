@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import shlex
 import subprocess
 import sys
@@ -97,9 +96,8 @@ def test_evaluating_on_an_env_with_other_actions_is_refused(run, env_id, expecte
     assert expected in err and "evaluate it on the environment it was trained for" in err
 
 
-def test_filming_an_env_that_cannot_render_here_is_refused_in_one_line(stream_run, tmp_path, capsys):
-    if importlib.util.find_spec("pygame") is not None:
-        pytest.skip("pygame is installed: CartPole renders here")
+def test_filming_an_env_that_cannot_render_here_is_refused_in_one_line(stream_run, tmp_path, monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "pygame", None)  # as if keelrl[video] (which brings pygame) were not installed
     try:
         offscreen_gl_backend()
     except VideoUnavailable as err:
@@ -198,6 +196,20 @@ def test_an_offline_agent_given_a_misspelled_dataset_id_is_told_the_close_id_the
     assert err.endswith("Did you mean 'keelrl/hopper-medium-v0'?")
 
 
+def test_a_missing_dataset_beside_its_quick_version_is_told_both_and_how_to_make_it(tmp_path, capsys):
+    """Once keelrl/hopper-medium-quick-v0 existed, asking for keelrl/hopper-medium-v0 only suggested the quick one
+    (SAC at 10,000 steps) and no longer said how to make the real one."""
+    data_dir = tmp_path / "datasets" / "keelrl" / "hopper-medium-quick-v0" / "data"
+    data_dir.mkdir(parents=True)
+    (data_dir / "metadata.json").write_text("{}")
+    args = ["--dataset", "keelrl/hopper-medium-v0", "--data-path", str(tmp_path / "datasets"), "--runs-dir",
+            str(tmp_path / "runs"), "--quiet"]
+    assert run_cli(iql.train, iql.IQLConfig, args=args) == 2
+    assert one_line_error(capsys).endswith(
+        "Did you mean 'keelrl/hopper-medium-quick-v0'? Or: Create it with: python -m keelrl.benchmarks.make_datasets "
+        "--env-id Hopper-v5 --datasets medium")
+
+
 @pytest.mark.parametrize("kind", ["file", "directory"])
 def test_an_offline_agent_given_a_path_that_is_not_a_dataset_says_what_a_dataset_is(kind, tmp_path, capsys):
     path = tmp_path / "notes.txt" if kind == "file" else tmp_path / "some_dir"
@@ -274,6 +286,17 @@ def test_an_option_given_beside_resume_at_its_default_value_is_refused_too(sac_r
     assert "gives others: --batch-size 256 (the run's: 32)." in one_line_error(capsys)
     assert run_cli(sac.train, sac.SACConfig, ["--resume", str(sac_run), "--batch-size", "32", "--seed", "1"]) == 2
     assert "the run is finished" in one_line_error(capsys)
+
+
+def test_a_warning_on_the_command_line_is_one_line(tmp_path):
+    """It came as Python prints warnings, file path, line number and code line first."""
+    process = subprocess.run([sys.executable, "-m", "keelrl.agents.sac", "--env-id", "InvertedPendulum-v5",
+                              "--total-timesteps", "50", "--eval-episodes", "1", "--quiet", "--runs-dir",
+                              str(tmp_path)], capture_output=True, text=True, timeout=120)
+    assert process.returncode == 0, process.stderr
+    assert process.stderr.splitlines() == ["warning: --learning-starts 5000 is not below --total-timesteps 50: the run "
+                                           "will end before its first update, untrained; lower --learning-starts or "
+                                           "raise --total-timesteps."]
 
 
 def test_learning_that_starts_after_the_last_step_is_said(tmp_path):

@@ -128,6 +128,38 @@ def test_unknown_env_id_suggests_close_ids():
         make_vec_env("Hoper-v5")
 
 
+@pytest.mark.parametrize("backend", BACKENDS[1:])
+def test_a_gymnasium_only_env_asked_of_envpool_says_which_backend_has_it(backend):
+    with pytest.raises(ValueError, match=r"^envpool has no environment 'keelrl/SafeHopperVelocity-v1'; gymnasium has "
+                                         r"it: use --env-backend gymnasium\.$"):
+        make_vec_env("keelrl/SafeHopperVelocity-v1", 1, 0, backend)
+
+
+def test_an_env_that_cannot_be_made_here_says_why_in_one_line(monkeypatch):
+    """MUJOCO_GL naming a backend whose library is missing ended in PyOpenGL's traceback (AttributeError: 'NoneType'
+    object has no attribute 'glGetError'); a missing package was called an unknown environment id."""
+    import gymnasium as gym
+
+    def opengl_missing(env_id, **kwargs):
+        raise AttributeError("'NoneType' object has no attribute 'glGetError'")
+
+    monkeypatch.setattr(gym, "make", opengl_missing)
+    monkeypatch.setenv("MUJOCO_GL", "osmesa")
+    with pytest.raises(ValueError, match=r"^Hopper-v5: MUJOCO_GL=osmesa, and that OpenGL backend does not load here "
+                                         r"\(AttributeError: 'NoneType' object has no attribute 'glGetError'\)"):
+        make_vec_env("Hopper-v5")
+    monkeypatch.delenv("MUJOCO_GL")
+    with pytest.raises(AttributeError):  # not a GL backend's: a bug, with its traceback
+        make_vec_env("Hopper-v5")
+
+    def mujoco_missing(env_id, **kwargs):
+        raise gym.error.DependencyNotInstalled("MuJoCo is not installed, run `pip install \"gymnasium[mujoco]\"`")
+
+    monkeypatch.setattr(gym, "make", mujoco_missing)
+    with pytest.raises(ValueError, match=r"^Hopper-v5 needs a package that is not installed here: MuJoCo is not"):
+        make_vec_env("Hopper-v5")
+
+
 def test_unknown_backend_and_bad_num_envs():
     with pytest.raises(ValueError, match="backend"):
         make_vec_env(ENV_ID, backend="ray")

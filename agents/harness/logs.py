@@ -44,13 +44,16 @@ class RunLogger:
         # TensorBoard drops the earlier events at or after purge_step: those after S, or from S on when refinishing
         purge_step = None if resume_step is None else resume_step + (0 if refinish else 1)
         self.writer = SummaryWriter(str(run_dir), purge_step=purge_step)
-        self._episodes = self._open_csv("episodes.csv", self.EPISODE_FIELDS, resume_step)
-        self._evals = self._open_csv("eval.csv", self.EVAL_FIELDS, None if purge_step is None else purge_step - 1)
+        self._episodes, _ = self._open_csv("episodes.csv", self.EPISODE_FIELDS, resume_step)
+        self._evals, kept = self._open_csv("eval.csv", self.EVAL_FIELDS, None if purge_step is None else purge_step - 1)
+        self.last_evaluation = float(kept[-1]["mean_return"]) if kept else float("nan")
+        """the mean return of the latest evaluation kept from before a resume (NaN: none)"""
         if purge_step is not None and (run_dir / VIDEO_INDEX).is_file():  # the dropped evaluations' videos come again
-            self._open_csv(VIDEO_INDEX, self.VIDEO_FIELDS, purge_step - 1)[0].close()
+            self._open_csv(VIDEO_INDEX, self.VIDEO_FIELDS, purge_step - 1)[0][0].close()
 
     def _open_csv(self, name: str | Path, fields: list[str], last_step: int | None):
-        """The CSV rewritten with its rows up to `last_step` (a new file when None), open for more rows."""
+        """The CSV rewritten with its rows up to `last_step` (a new file when None), open for more rows:
+        ((handle, writer), the rows kept)."""
         path = self.run_dir / name
         rows = []
         if last_step is not None and path.exists():
@@ -61,7 +64,7 @@ class RunLogger:
         writer.writeheader()
         writer.writerows(rows)
         handle.flush()
-        return handle, writer
+        return (handle, writer), rows
 
     def scalars(self, values: dict[str, float], step: int) -> None:
         for name, value in values.items():

@@ -164,7 +164,9 @@ class Run:
               files: dict[str, str] | None = None, video: VideoSource | None = None) -> None:
         """Say what the run checkpoints and how it evaluates, restore it all when resuming (a damaged checkpoint:
         one line naming it), then make (or reopen) the run directory runs_dir/{name}__{algo}__{seed}__{time} with
-        config.json and `files`, and start the logs, W&B (--track), the progress and the clock.
+        config.json and `files`, and start the logs, W&B (--track), the progress and the clock. From here on a stop
+        signal is held (`StopSignals`) until the run's `with` block ends: one that comes before the loop stops the
+        run after its first step, with a checkpoint.
 
         agent: has `training_state()`, `load_training_state(state)` and `save(path)`.
         evaluate: plays the evaluation episodes; their returns and costs (None: no costs).
@@ -177,15 +179,20 @@ class Run:
         self._agent, self._evaluate, self._replay, self._state = agent, evaluate, replay, state or {}
         self._numpy_rng = np.random.default_rng(self.config.seed) if numpy_rng is None else numpy_rng
         self._reference_returns = reference_returns
+        if self._lockstep is None:  # held from before the run directory is made: a stop now checkpoints too
+            self._stop_signals.__enter__()
         try:
             self._prepare(name, video, files or {})
             if self.config.track:
                 self._wandb = start_wandb(self.config, self.algo, self.dir)  # before the TensorBoard writer it follows
         except BaseException:
             self.release_lock()  # a caller that catches this error can resume the run again
+            if self._lockstep is None:
+                self._stop_signals.__exit__()
             raise
         # a resumed run killed after its last checkpoint, before model.pt, is finished again
         self.logger = RunLogger(self.dir, self.step if self.resumed else None, refinish=self.resumed and self.done)
+        self.recent_evaluation = self.logger.last_evaluation  # a resumed run's progress shows it from the start
         self.progress = Progress(self.algo, self.unit, self.total, self.step, self.config.quiet,
                                  self.config.progress_seconds)
         self._start_time = time.perf_counter()
@@ -229,8 +236,6 @@ class Run:
             self._replay.end_episodes()
 
     def __enter__(self) -> Run:
-        if self._lockstep is None:
-            self._stop_signals.__enter__()
         return self
 
     def __exit__(self, exc_type, exc, traceback) -> None:
@@ -313,11 +318,15 @@ class Run:
             self._checkpoint()
         self._busy += time.perf_counter() - tick
         if stopping:
-            print(f"{signal_name(self._stop_signals.received)}: stopped at {self.unit} {self.step} of {self.total} "
-                  f"with a checkpoint; continue with: python -m keelrl.agents.{self.algo} --resume "
-                  f"{shlex.quote(str(self.dir))}",
-                  file=sys.stderr, flush=True)
+            if self._lockstep is None:  # (a seed group says it once for all its seeds)
+                self.say_stopped()
             raise RunStopped(self._stop_signals.received)
+
+    def say_stopped(self, of_what: str = "") -> None:
+        """The line a run stopped by a signal ends with: where it stopped, and the command that continues it."""
+        print(f"{signal_name(self._stop_signals.received)}: stopped at {self.unit} {self.step} of {self.total} with a "
+              f"checkpoint; continue with: python -m keelrl.agents.{self.algo} --resume {shlex.quote(str(self.dir))}"
+              f"{of_what}", file=sys.stderr, flush=True)
 
     def log_evaluation(self) -> tuple[np.ndarray, np.ndarray]:
         """Evaluate now (as between iterations, e.g. before the first), log the returns and costs (and the
@@ -397,7 +406,7 @@ class Run:
         if self._reference_returns is not None:
             print(f"normalised score {normalized_score(returns, *self._reference_returns).mean():.1f}")
         speeds = f"{self.unit}s/s: {self.loop_speed():.1f} overall"
-        if self._update_start is not None and self._update_start[1] > self.start_step + self._last_advance:
+        if self._update_start is not None and self.start_step + self._last_advance < self._update_start[1] < self.step:
             speeds += f", {self.update_speed():.1f} while updating"
         for line in (speeds, *lines):
             print(line)

@@ -202,6 +202,7 @@ def run_cli(train: Callable[[Any], Any], config_cls: type, args: list[str] | Non
 
     config = tyro.cli(config_cls, args=args)
     named = _NAMED_ON_COMMAND_LINE.set(named_options(sys.argv[1:] if args is None else args, config_cls))
+    python_format, warnings.formatwarning = warnings.formatwarning, one_line_warning
     try:
         train(config)
     except (ValueError, OSError, FloatingPointError) as err:  # OSError: a file keelrl cannot read or write
@@ -215,4 +216,13 @@ def run_cli(train: Callable[[Any], Any], config_cls: type, args: list[str] | Non
         return 130
     finally:
         _NAMED_ON_COMMAND_LINE.reset(named)
+        warnings.formatwarning = python_format
     return 0
+
+
+def one_line_warning(message: Warning | str, category: type[Warning], filename: str, lineno: int,
+                     line: str | None = None) -> str:
+    """A warning as `run_cli` prints it: one line, as its errors are (Python's format adds the file, the line
+    number and the code line)."""
+    kind = "" if category is UserWarning else f" ({category.__name__})"
+    return f"warning{kind}: {message}\n"

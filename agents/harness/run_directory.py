@@ -107,7 +107,8 @@ def load_run_config(run_dir: str | os.PathLike, algo: str, config_cls: type) -> 
         raise ValueError(
             f"--resume {run_dir}: not a keelrl run directory with a checkpoint "
             f"(expected {CONFIG_FILE} and {CHECKPOINT_FILE}; a run writes its first checkpoint after "
-            f"checkpoint_freq steps)."
+            f"--checkpoint-freq steps or --checkpoint-minutes, or when stopped by SIGTERM or Ctrl-C, so one killed "
+            f"before then has nothing to resume: start it again)."
         )
     try:
         payload = json.loads(config_path.read_text())

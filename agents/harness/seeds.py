@@ -166,10 +166,12 @@ class SeedRuns:
         alone and the seed of its first evaluation episode (`evaluation_seed`: seeds evaluate on disjoint episodes);
         `state(i)`: what seed i's checkpoint keeps besides (`Run.start`'s `state`; `part` gives each seed's own env
         or rollout); each seed's checkpoint also keeps its torch generator."""
+        self._lockstep.stop_signals.__enter__()  # held from before the directories are made (`Run.start`)
         try:
             self._start_runs(name, agent, evaluate, numpy_rng, replay, state, video)
         except BaseException:
             self._lock.release()  # a caller that catches this error can resume the group again
+            self._lockstep.stop_signals.__exit__()
             raise
         if not self.resumed:
             for run in self.runs:
@@ -196,7 +198,6 @@ class SeedRuns:
         write_seeds_files([run.dir for run in self.runs])
 
     def __enter__(self) -> SeedRuns:
-        self._lockstep.stop_signals.__enter__()
         for run in self.runs:
             run.__enter__()
         return self
@@ -221,6 +222,7 @@ class SeedRuns:
             for run in self.runs:
                 run.commit_checkpoint()
             if stopped is not None:
+                self.runs[0].say_stopped(f" (it resumes all {len(self.runs)} seeds)" if len(self.runs) > 1 else "")
                 raise stopped
             if steps[0] is None:
                 return
