@@ -399,7 +399,7 @@ class CQL(SavedAgent):
         return next_q
 
     def calibrated(self, q_proposals: torch.Tensor, mc_returns: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Cal-QL's lower bound (WSRL's wsrl/agents/cql.py:127-154 at 891ee35): the Q-values (E, 3·N, B) of the
+        """Cal-QL's lower bound (WSRL's wsrl/agents/cql.py:127-154 at 891ee35): the Q-values (M, 3·N, B) of the
         policy's proposals, rows N… (π(·|s), then π(·|s')), raised to the Monte-Carlo return (B,) where below it;
         the uniform proposals, rows 0…N−1, untouched. Also the fraction of policy Q-values that were below."""
         if mc_returns is None:

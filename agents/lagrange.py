@@ -1,5 +1,5 @@
-"""What SAC-Lag and TD3-Lag share: their options, the Lagrange multiplier, the cost critic and the Lagrangian
-actor loss.
+"""What the Lagrangian agents share: SAC-Lag's and TD3-Lag's options, the cost critic and the Lagrangian actor
+loss, and the Lagrange multipliers (PPO-Lag's too).
 
 A constrained agent maximises the return subject to J_c = E[episode cost] <= d (`--cost-limit`):
     max_π min_{λ>=0}  J_r(π) − λ (J_c(π) − d).
@@ -94,8 +94,9 @@ class Multiplier(nn.Module):
         self.register_buffer("value", torch.tensor(float(init)))
 
     def observe(self, episode_costs: np.ndarray | list[np.ndarray], global_step: int) -> None:
-        """One λ step on the mean undiscounted cost of the training episodes that ended at this vector-env step
-        (the only place λ changes), unless none ended or global_step <= the warm-up. Stacked for a seed group
+        """One λ step on the mean undiscounted cost of the training episodes just ended (SAC-Lag and TD3-Lag: at this
+        vector-env step; PPO-Lag: during this rollout), the only place λ changes, unless none ended or global_step
+        <= the warm-up. Stacked for a seed group
         (keelrl.networks.seeds), every state tensor has a leading seed axis and `episode_costs` is one array per
         seed: each seed's λ steps on its own episodes."""
         if global_step <= self.warmup:

@@ -79,7 +79,7 @@ class SACConfig(NetworkOptions, RunOptions):
     total_timesteps: int = 1_000_000
     """environment steps to train for"""
     num_envs: int = 1
-    """parallel environments (one gradient update per environment step)"""
+    """parallel environments (`utd` gradient updates per environment step of each, so num_envs × utd per loop step)"""
     env_backend: Literal["gymnasium", "envpool"] = "gymnasium"
     """vector environment backend (envpool needs the envpool extra)"""
     buffer_size: int = 1_000_000
@@ -103,7 +103,7 @@ class SACConfig(NetworkOptions, RunOptions):
     alpha: float = 0.2
     """entropy coefficient when not autotuned"""
     autotune: bool = True
-    """tune the entropy coefficient, from 1.0 as CleanRL does, so the policy entropy tracks the target"""
+    """tune the entropy coefficient, from `alpha_init` (CleanRL's 1.0), so the policy entropy tracks the target"""
     alpha_init: float = 1.0
     """initial entropy coefficient when autotuned"""
     target_entropy_scale: float = -1.0

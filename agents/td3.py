@@ -80,7 +80,7 @@ class TD3Config(NetworkOptions, RunOptions):
     total_timesteps: int = 1_000_000
     """environment steps to train for"""
     num_envs: int = 1
-    """parallel environments (one gradient update per environment step)"""
+    """parallel environments (`utd` gradient updates per environment step of each, so num_envs × utd per loop step)"""
     env_backend: Literal["gymnasium", "envpool"] = "gymnasium"
     """vector environment backend (envpool needs the envpool extra)"""
     buffer_size: int = 1_000_000

@@ -16,7 +16,8 @@
 A module imports only modules listed below it, and none imports an agent. The registry of agents by name is
 keelrl.agents.registry, above every agent.
 
-The loop contract, in ten lines (agents/sac.py has it whole; loop.py says what happens between iterations):
+The loop contract, in ten lines (agents/iql.py and agents/stream_q.py have it whole; agents/sac.py the same through
+`SeedRuns`, which takes --num-seeds; loop.py says what happens between iterations):
 
     run = Run(config, "sac", validate, total="total_timesteps")   # the config (under --resume, the saved one)
     env, agent, buffer = ...                                      # built from run.config

@@ -1,5 +1,5 @@
 """The loop contract: `Run` counts an agent's training loop and does, between its iterations, all that is not the
-algorithm (the contract's ten-line example is in keelrl.agents.harness; agents/sac.py has it whole).
+algorithm (the contract's ten-line example is in keelrl.agents.harness; agents/iql.py has it whole).
 
 An agent's loop body acts, steps the env, stores and updates, as CleanRL's does, and calls `run.record_episodes`
 (or `record_episode`) for finished episodes and `run.log` for an update's losses. Between iterations: the progress
