@@ -43,6 +43,7 @@ from keelrl.agents.harness.options import (
     RunOptions,
     apply_preset,
     evaluation_seed,
+    require_positive,
     require_positive_counts,
     require_positive_widths,
     run_cli,
@@ -164,6 +165,7 @@ def validate(config: CQLConfig) -> None:
     check_device(config.device, compile=False, cudagraphs=False)
     check_precision(config.precision, config.device)
     require_positive_counts(config, "batch_size")
+    require_positive(config, "policy_lr", "qf_lr")
     if not 0.0 < config.gamma <= 1.0 or not 0.0 < config.tau <= 1.0:
         raise ValueError(f"--gamma and --tau must lie in (0, 1], got {config.gamma} and {config.tau}.")
     if config.cql_n_actions < 1 or config.num_critics < 1:
@@ -297,6 +299,7 @@ class CQL(SavedAgent):
     @torch.inference_mode()
     def act(self, obs: np.ndarray, deterministic: bool = False) -> np.ndarray:
         """Actions for a batch of raw observations (B, obs_dim) -> (B, action_dim)."""
+        obs = self.observation_batch(obs)
         obs_t = self.obs_norm(torch.as_tensor(obs, dtype=torch.float32, device=self.action_low.device))
         return self.policy(obs_t, deterministic).cpu().numpy()
 

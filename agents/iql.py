@@ -37,6 +37,7 @@ from keelrl.agents.harness.loop import Run, TrainResult
 from keelrl.agents.harness.options import (
     RunOptions,
     evaluation_seed,
+    require_positive,
     require_positive_counts,
     require_positive_widths,
     run_cli,
@@ -120,6 +121,7 @@ def validate(config: IQLConfig) -> None:
     check_device(config.device, compile=False, cudagraphs=False)
     check_precision(config.precision, config.device)
     require_positive_counts(config, "batch_size")
+    require_positive(config, "actor_lr", "qf_lr", "vf_lr")
     if not 0.0 < config.gamma <= 1.0 or not 0.0 < config.tau <= 1.0:
         raise ValueError(f"--gamma and --tau must lie in (0, 1], got {config.gamma} and {config.tau}.")
     if not 0.0 < config.expectile < 1.0:
@@ -214,6 +216,7 @@ class IQL(SavedAgent):
     @torch.inference_mode()
     def act(self, obs: np.ndarray, deterministic: bool = False) -> np.ndarray:
         """Actions for a batch of raw observations (B, obs_dim) -> (B, action_dim)."""
+        obs = self.observation_batch(obs)
         obs_t = self.obs_norm(torch.as_tensor(obs, dtype=torch.float32, device=self.action_low.device))
         return self.policy(obs_t, deterministic).cpu().numpy()
 

@@ -165,6 +165,11 @@ def resolve(config: PPOConfig) -> PPOConfig:
     space = probe.single_action_space
     probe.close()
     check_action_space(space, config.env_id)
+    return with_space_defaults(config, space)
+
+
+def with_space_defaults(config: PPOConfig, space: gym.Space) -> PPOConfig:
+    """`config` with the options left at None set to CleanRL's defaults for `space`'s kind of actions."""
     defaults = DISCRETE_DEFAULTS if isinstance(space, gym.spaces.Discrete) else BOX_DEFAULTS
     return dataclasses.replace(config, **{name: value for name, value in defaults.items()
                                           if getattr(config, name) is None})
@@ -213,6 +218,7 @@ class PPO(SavedSpaceAgent):
 
     def __init__(self, obs_dim: int, action_space: gym.Space, config: PPOConfig):
         super().__init__()
+        config = with_space_defaults(config, action_space)  # (a config `train` resolved has none left at None)
         self.config, self.obs_dim, self.action_space = config, obs_dim, action_space
         self.continuous = isinstance(action_space, gym.spaces.Box)
         action_outputs = action_space.shape[0] if self.continuous else int(action_space.n)
@@ -271,7 +277,7 @@ class PPO(SavedSpaceAgent):
     def act(self, obs: np.ndarray, deterministic: bool = False) -> np.ndarray:
         """Env actions for a batch of raw observations, from the networks as they are now: the Gaussian's mean
         (clipped) or the most likely action when deterministic, else a sample."""
-        outputs = self.actor(torch.as_tensor(self.standardized(obs), device=self.device))
+        outputs = self.actor(torch.as_tensor(self.standardized(self.observation_batch(obs)), device=self.device))
         if deterministic:
             actions = outputs if self.continuous else outputs.argmax(-1)
         elif self.continuous:

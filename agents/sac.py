@@ -205,7 +205,7 @@ def validate(config: SACConfig) -> None:
         raise ValueError("--weight-decay must be non-negative and --final-lr-fraction in (0, 1].")
     if config.obs_clip is not None and not config.obs_clip > 0:
         raise ValueError(f"--obs-clip must be positive (or None for no clipping), got {config.obs_clip}.")
-    if config.policy_lr <= 0 or config.q_lr <= 0:
+    if not config.policy_lr > 0 or not config.q_lr > 0:  # (NaN too)
         raise ValueError(f"--policy-lr and --q-lr must be positive, got {config.policy_lr} and {config.q_lr}.")
     if config.alpha <= 0 or config.alpha_init <= 0:
         raise ValueError(f"--alpha and --alpha-init must be positive, got {config.alpha} and {config.alpha_init}.")
@@ -276,6 +276,7 @@ class SAC(SavedAgent):
     def act(self, obs: np.ndarray, deterministic: bool = False) -> np.ndarray:
         """Actions for a batch of raw observations (B, obs_dim) -> (B, action_dim): sampled, or tanh of the mean
         (a seed group: (S, B, obs_dim) -> (S, B, action_dim))."""
+        obs = self.observation_batch(obs)
         obs_t = self.obs_norm(torch.as_tensor(obs, dtype=torch.float32, device=self.action_low.device))
         noise = None if deterministic else self.random.normal(*obs.shape[-2:-1], self.action_low.shape[-1])
         actions = self._act(obs_t, deterministic, noise)

@@ -113,7 +113,7 @@ class StreamAC(SavedStreamAgent):
     @torch.no_grad()
     def act(self, obs: np.ndarray, deterministic: bool = False) -> np.ndarray | int:
         """A Gaussian sample (unbounded; the env clips it), its mean, or a softmax sample / argmax."""
-        obs_t = as_tensor(obs)
+        obs_t = self.observation_tensor(obs)
         if self.continuous:
             mean, std = self._gaussian(obs_t)
             return (mean if deterministic else torch.normal(mean, std)).numpy()

@@ -111,10 +111,11 @@ class StreamQ(SavedStreamAgent):
 
     def act(self, obs: np.ndarray, deterministic: bool = False) -> int:
         """ε-greedy (greedy when `deterministic`) for one normalised observation (obs_dim,)."""
+        obs_t = self.observation_tensor(obs)
         if not deterministic and self.rng.random() < self.epsilon:
             return int(self.rng.integers(self.num_actions))
         with torch.no_grad():
-            return int(self.q_network(as_tensor(obs)).argmax())
+            return int(self.q_network(obs_t).argmax())
 
     def update(self, transition: Transition) -> dict[str, float]:
         """One Q(λ) step on one transition; returns the scalars to log."""

@@ -230,6 +230,7 @@ class TD3(SavedAgent):
     def act(self, obs: np.ndarray, deterministic: bool = False) -> np.ndarray:
         """Actions for a batch of raw observations (B, obs_dim) -> (B, action_dim): the actor's, plus Gaussian
         noise of std exploration_noise × action scale clipped to the action bounds unless deterministic."""
+        obs = self.observation_batch(obs)
         obs_t = self.obs_norm(torch.as_tensor(obs, dtype=torch.float32, device=self.action_low.device))
         noise = None if deterministic else self.random.normal(*obs.shape[-2:-1], self.action_low.shape[-1])
         return self._act(obs_t, noise).cpu().numpy()  # a seed group: (S, B, obs_dim) -> (S, B, action_dim)

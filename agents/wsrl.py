@@ -40,6 +40,7 @@ from keelrl.agents.harness.options import (
     RunOptions,
     evaluation_seed,
     given_options,
+    require_positive,
     require_positive_counts,
     run_cli,
     validate_run_options,
@@ -119,6 +120,7 @@ def validate(config: WSRLConfig) -> None:
     validate_run_options(config, "total_timesteps")
     check_device(config.device, compile=False, cudagraphs=False)
     require_positive_counts(config, "batch_size", "utd", "buffer_size", "num_critics")
+    require_positive(config, "policy_lr", "qf_lr", "alpha_lr")
     if config.warmup_steps < 0:
         raise ValueError(f"--warmup-steps must be non-negative, got {config.warmup_steps}.")
     if config.batch_size % config.utd:
@@ -204,6 +206,7 @@ class WSRL(SavedAgent):
     @torch.inference_mode()
     def act(self, obs: np.ndarray, deterministic: bool = False) -> np.ndarray:
         """Actions for a batch of raw observations (B, obs_dim) -> (B, action_dim): sampled, or tanh of the mean."""
+        obs = self.observation_batch(obs)
         obs_t = self.obs_norm(torch.as_tensor(obs, dtype=torch.float32, device=self.action_low.device))
         return self.actor.act(obs_t, deterministic).cpu().numpy()
 

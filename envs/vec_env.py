@@ -350,6 +350,8 @@ def play_episodes(
     `policy` maps a batch of raw observations (episodes, *obs_shape) to
     a batch of actions. Sub-env i is seeded with seed + i.
     """
+    if episodes < 1:  # (it was said as make_vec_env's "num_envs must be at least 1")
+        raise ValueError(f"episodes must be at least 1, got {episodes}.")
     env = make_vec_env(env_id, num_envs=episodes, seed=seed, env_kwargs=env_kwargs)
     returns = np.full(episodes, np.nan)
     costs = np.zeros(episodes)

@@ -228,3 +228,24 @@ def test_a_failed_cell_is_collected_as_failed_with_its_error_and_its_entry_can_b
     assert [(row["state"], row["seeds_in_process"]) for row in progress] == [("failed", "1")] * 3
     assert (tmp_path / "results" / "cell_logs.txt").read_text().count("needs --device cuda") == 3
     assert evidence.failed_entries(args) == ("sac-scalar",)
+
+
+@pytest.mark.parametrize("algo", ["sac", "td3"])
+def test_a_model_trained_on_a_gpu_loads_and_acts_on_the_cpu(algo, tmp_path):
+    """Its config said device "cuda", so its sampling noise was drawn on CUDA after load(device="cpu"): stochastic
+    actions failed with "Torch not compiled with CUDA enabled" (simulated here: the model file's config edited)."""
+    import numpy as np
+    import torch
+
+    from keelrl.agents import sac, td3
+
+    module, agent_cls = {"sac": (sac, sac.SAC), "td3": (td3, td3.TD3)}[algo]
+    config_cls = {"sac": sac.SACConfig, "td3": td3.TD3Config}[algo]
+    result = module.train(config_cls(env_id="InvertedPendulum-v5", total_timesteps=120, learning_starts=100,
+                                     batch_size=8, hidden_sizes=(8,), eval_episodes=1, quiet=True,
+                                     runs_dir=str(tmp_path)))
+    model = torch.load(result.run_dir / "model.pt", weights_only=True)
+    model["config"].update(device="cuda", cudagraphs=True)
+    torch.save(model, tmp_path / "gpu_model.pt")
+    agent = agent_cls.load(tmp_path / "gpu_model.pt", device="cpu")
+    assert agent.config.device == "cpu" and agent.act(np.zeros((2, 4), np.float32)).shape == (2, 1)

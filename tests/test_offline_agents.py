@@ -321,6 +321,13 @@ def test_cli_errors_exit_2_with_one_line(pendulum_npz, tmp_path, capsys):
     args = ["--dataset", str(pendulum_npz), "--corruption", "obs", "--corruption-mode", "adversarial"]
     assert run_cli(train_cql, CQLConfig, args) == 2
     assert "--attack-model" in capsys.readouterr().err
+    # learning rates were not checked: torch's "Invalid learning rate: -1.0", naming no option
+    for train, config_cls, option in ((train_cql, CQLConfig, "--qf-lr"), (train_iql, IQLConfig, "--vf-lr")):
+        args = ["--dataset", str(pendulum_npz), "--env-id", "InvertedPendulum-v5", option, "-1", "--runs-dir",
+                str(tmp_path / "refused")]
+        assert run_cli(train, config_cls, args) == 2
+        assert capsys.readouterr().err == f"error: {option} must be positive, got -1.0.\n"
+    assert not (tmp_path / "refused").exists()
 
 
 def test_the_adversarial_attacker_is_an_iql_family_agent(pendulum_npz, tmp_path, capsys):

@@ -324,3 +324,15 @@ def test_the_envpool_backend_runs_ppo_on_several_envs(tmp_path):
     assert result.global_step == 256
     with open(result.run_dir / "config.json") as f:
         assert '"env_backend": "envpool"' in f.read()
+
+
+def test_a_ppo_built_by_hand_takes_cleanrl_defaults_for_its_action_space():
+    """The options left at None were filled in by `train` only: PPO(obs_dim, space, PPOConfig()) failed inside
+    torch's Adam (a learning rate of None)."""
+    discrete = PPO(4, gym.spaces.Discrete(2), PPOConfig())
+    config = discrete.config
+    assert (config.num_envs, config.learning_rate, config.normalize_obs) == (4, 2.5e-4, False)
+    assert discrete.act(np.zeros((3, 4), np.float32)).shape == (3,)
+    box = PPO(4, gym.spaces.Box(-1.0, 1.0, (2,)), PPOConfig())
+    assert (box.config.num_steps, box.config.ent_coef, box.config.normalize_reward) == (2048, 0.0, True)
+    assert box.act(np.zeros((3, 4), np.float32)).shape == (3, 2)

@@ -556,3 +556,23 @@ def test_the_evaluation_command_names_the_policy_a_stream_td_run_plays(tmp_path,
         capsys.readouterr()
         assert evaluate_main([str(td_run.run_dir), "--episodes", "2", "--csv", str(tmp_path / "e.csv")]) == 0
         assert f"stream_td on CartPole-v1, 2 episodes ({said}, seeds " in capsys.readouterr().out
+
+
+def test_a_loaded_q_lambda_agent_explores_as_it_ended_training(tmp_path):
+    """model.pt kept no update count, so a loaded agent's ε was its first (1.0): act() played uniformly at random."""
+    result = train_q(tiny(StreamQConfig, tmp_path, total_timesteps=300, eval_freq=0))
+    loaded = StreamQ.load(result.run_dir / "model.pt")
+    assert loaded.num_updates == 300 and loaded.epsilon == pytest.approx(0.01)
+
+
+@pytest.mark.parametrize("agent_cls, config_cls", [(StreamQ, StreamQConfig), (StreamAC, StreamACConfig)])
+def test_a_streaming_agent_refuses_a_batch_or_an_unwrapped_observation_in_one_line(agent_cls, config_cls):
+    """A batch gave a wrong answer without a word (StreamQ: the argmax over the flattened batch, an int), and the
+    env's own observation (4 numbers for CartPole, without the time feature) torch's shape error."""
+    agent = agent_cls(5, gym.spaces.Discrete(2), config_cls())
+    assert agent.act(np.zeros(5, np.float32), deterministic=True) in (0, 1)
+    for shape in ((3, 5), (4,)):
+        with pytest.raises(ValueError, match=rf"^{agent.algo} acts on one observation at a time, as its env wrappers "
+                                             rf"give it \(shape \(5,\): normalised, with the time feature\), got "
+                                             rf"shape {re.escape(str(shape))};"):
+            agent.act(np.zeros(shape, np.float32))

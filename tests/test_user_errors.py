@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import re
 import shlex
 import subprocess
 import sys
 from pathlib import Path
 
+import gymnasium as gym
 import numpy as np
 import pytest
+import torch
 import tyro
 
 from keelrl.agents import iql, ppo, sac, stream_q
@@ -328,3 +331,36 @@ def test_wandb_failing_to_start_is_one_line(tmp_path, monkeypatch, capsys):
     assert run_cli(sac.train, sac.SACConfig, [*SAC_TINY, "--track", "--runs-dir", str(tmp_path)]) == 2
     err = one_line_error(capsys)
     assert "--track: W&B did not start (UsageError: api_key not configured (no-tty)): log in with `wandb login`" in err
+
+
+def test_the_python_api_refuses_what_the_command_line_would(sac_run, tmp_path):
+    """A config built in Python skipped the command line's checks of choices (network="resnet": a KeyError deep in
+    the network builder); SAC.load of a run directory said "No checkpoint at DIR", and of its checkpoint.pt raised
+    KeyError 'networks'."""
+    with pytest.raises(ValueError, match=r"^--network must be one of mlp, simba, simbav2, got 'resnet'\.$"):
+        sac.train(sac.SACConfig(network="resnet", runs_dir=str(tmp_path)))
+    assert not any(tmp_path.iterdir())
+    obs = np.zeros((1, 4), np.float32)
+    np.testing.assert_array_equal(sac.SAC.load(sac_run).act(obs, deterministic=True),
+                                  sac.SAC.load(sac_run / "model.pt").act(obs, deterministic=True))
+    with pytest.raises(ValueError, match=r"checkpoint.pt is a run's checkpoint \(its training state\), not a model "
+                                         r"file: load the run's model.pt"):
+        sac.SAC.load(sac_run / "checkpoint.pt")
+
+
+@pytest.mark.parametrize("algo", ["sac", "ppo"])
+def test_act_takes_any_array_like_batch_and_refuses_another_shape_in_one_line(algo, sac_run, tmp_path):
+    """A single observation, or one of another env, met torch's "mat1 and mat2 shapes cannot be multiplied" (or
+    numpy's broadcast error in PPO); a list failed in SAC and a torch tensor in PPO."""
+    if algo == "sac":
+        agent = sac.SAC.load(sac_run)
+    else:
+        agent = ppo.PPO(4, gym.spaces.Box(-1.0, 1.0, (1,)), ppo.PPOConfig())
+    obs = np.full((2, 4), 0.1, np.float32)
+    expected = agent.act(obs, deterministic=True)
+    for same in (obs.tolist(), obs.astype(np.float64), torch.from_numpy(obs)):
+        np.testing.assert_allclose(agent.act(same, deterministic=True), expected, rtol=1e-6)
+    for shape in ((4,), (2, 5)):
+        with pytest.raises(ValueError, match=rf"^{algo} acts on a batch of observations \(B, obs_dim\): obs\[None\] "
+                                             rf"for one observation, obs_dim 4 here; got shape {re.escape(str(shape))}"):
+            agent.act(np.zeros(shape, np.float32))

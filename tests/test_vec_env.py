@@ -278,3 +278,10 @@ def test_an_episode_restored_mid_way_goes_on_bit_for_bit(env_id):
         expected, got = straight.step(action), restored.step(action)
         np.testing.assert_array_equal(got[0], expected[0])  # observation
         np.testing.assert_array_equal(got[1], expected[1])  # reward
+
+
+def test_playing_no_episode_is_refused_as_such():
+    from keelrl.envs import play_episodes
+
+    with pytest.raises(ValueError, match=r"^episodes must be at least 1, got 0\.$"):
+        play_episodes(lambda obs: obs[:, :1], "InvertedPendulum-v5", 0, 0)

@@ -237,6 +237,7 @@ def test_refusals_in_one_line(pretrained, tmp_path, capsys):
                                                                   "Hopper-v5 has 11 and 3"),
         (["--pretrained", str(run_dir), "--num-critics", "3"], "--num-critics 3 differs from the pre-trained run's 4"),
         (["--pretrained", str(run_dir), "--batch-size", "30"], "must split into --utd 4 equal minibatches"),
+        (["--pretrained", str(run_dir), "--alpha-lr", "0"], "--alpha-lr must be positive, got 0.0."),
     ]
     iql = train_iql(IQLConfig(dataset=str(run_dir.parent / "pendulum.npz"), env_id="InvertedPendulum-v5",
                               total_updates=2, batch_size=8, hidden_sizes=(8,), eval_freq=0, eval_episodes=1,

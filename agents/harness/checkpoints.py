@@ -220,12 +220,33 @@ class SavedAgent(nn.Module):
 
     def model_file(self) -> dict[str, Any]:
         return {"algo": self.algo, "config": dataclasses.asdict(self.config), "obs_dim": self.obs_dim,
-                "networks": self.state_dict()}
+                "networks": self.state_dict(), "num_updates": self.num_updates}
+
+    def observation_batch(self, obs: Any) -> np.ndarray:
+        """`obs` (a numpy array, a list, a CPU tensor) as the array of observations (B, obs_dim) `act` takes (a seed
+        group's (S, B, obs_dim)); another shape is refused in one line, where it met torch's matmul error deep in the
+        networks."""
+        obs = np.asarray(obs)
+        dims = 3 if getattr(self, "num_seeds", 1) > 1 else 2
+        if obs.ndim != dims or obs.shape[-1] != self.obs_dim:
+            batch = "(S, B, obs_dim) for S seeds" if dims == 3 else "(B, obs_dim): obs[None] for one observation"
+            raise ValueError(f"{self.algo} acts on a batch of observations {batch}, obs_dim {self.obs_dim} here; got "
+                             f"shape {obs.shape}.")
+        return obs
 
     @classmethod
     def load(cls, path: str | os.PathLike, device: str = "cpu") -> SavedAgent:
-        """The agent saved at `path` (a model.pt), on `device`."""
-        return cls.from_model_file(read_checkpoint(path, cls.algo)).to(device)
+        """The agent saved at `path` (a model.pt, or a run directory holding one), on `device`, which its config then
+        names too: a model trained on a GPU acts on the CPU (its sampling noise and compiled losses follow the
+        config's device)."""
+        path = Path(path) / MODEL_FILE if Path(path).is_dir() else Path(path)
+        state = read_checkpoint(path, cls.algo)
+        if "networks" not in state:
+            raise ValueError(f"{path} is a run's checkpoint (its training state), not a model file: load the run's "
+                             f"{MODEL_FILE}, written when it finished.")
+        if "device" in state["config"]:
+            state = {**state, "config": {**state["config"], "device": str(torch.device(device))}}
+        return cls.from_model_file(state).to(device)
 
     @classmethod
     def from_model_file(cls, state: dict[str, Any]) -> SavedAgent:
@@ -233,6 +254,7 @@ class SavedAgent(nn.Module):
         agent = cls(state["obs_dim"], networks["action_low"].cpu().numpy(), networks["action_high"].cpu().numpy(),
                     saved_config(cls.config_cls, state["config"]))
         agent.load_state_dict(networks)
+        agent.num_updates = int(state.get("num_updates", 0))  # what schedules read (a loaded Q(λ)'s ε, say)
         return agent
 
 
@@ -248,6 +270,7 @@ class SavedSpaceAgent(SavedAgent):
         action_space: gym.Space = space_from_dict(state["action_space"])
         agent = cls(state["obs_dim"], action_space, saved_config(cls.config_cls, state["config"]))
         agent.load_state_dict(state["networks"])
+        agent.num_updates = int(state.get("num_updates", 0))  # what schedules read (a loaded Q(λ)'s ε, say)
         return agent
 
 
@@ -265,3 +288,13 @@ class SavedStreamAgent(SavedSpaceAgent):
         agent = super().from_model_file(state)
         agent.env_state = state["env_state"]
         return agent
+
+    def observation_tensor(self, obs: np.ndarray) -> torch.Tensor:
+        """One observation (obs_dim,) as the networks take it. A batch, or the env's own observation (without the
+        wrappers' normalisation and time feature), is refused in one line: acting on either gave a wrong answer
+        (a batch's flattened argmax) or torch's shape error."""
+        if np.shape(obs) != (self.obs_dim,):
+            raise ValueError(f"{self.algo} acts on one observation at a time, as its env wrappers give it (shape "
+                             f"({self.obs_dim},): normalised, with the time feature), got shape {np.shape(obs)}; "
+                             f"keelrl.agents.{self.algo}.evaluate plays episodes through those wrappers.")
+        return torch.as_tensor(obs, dtype=torch.float32)

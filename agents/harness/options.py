@@ -13,9 +13,10 @@ import contextvars
 import dataclasses
 import random
 import sys
+import typing
 import warnings
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -95,6 +96,14 @@ def require_non_negative(config: Any, *names: str) -> None:
             raise ValueError(f"--{name.replace('_', '-')} must be non-negative, got {getattr(config, name)}.")
 
 
+def require_positive(config: Any, *names: str) -> None:
+    """Refuse a rate or scale option not above 0 (or NaN, which no comparison refuses), naming it as on the
+    command line."""
+    for name in names:
+        if not getattr(config, name) > 0:
+            raise ValueError(f"--{name.replace('_', '-')} must be positive, got {getattr(config, name)}.")
+
+
 def require_positive_widths(config: Any) -> None:
     """Refuse a hidden layer of no width (torch would fail deep inside the network's construction)."""
     if any(width < 1 for width in config.hidden_sizes):
@@ -111,8 +120,31 @@ def warn_without_updates(config: Any, first: str, total: str = "total_timesteps"
                       stacklevel=2)
 
 
+def refuse_unknown_choices(config: Any) -> None:
+    """Refuse a value outside an option's choices (a `Literal` field): the command line refuses it already, a config
+    built in Python met a KeyError or worse deep in the run."""
+    hints = typing.get_type_hints(type(config))
+    for field in dataclasses.fields(config):
+        choices = _literal_choices(hints[field.name])
+        value = getattr(config, field.name)
+        if choices and value not in choices:
+            raise ValueError(f"--{field.name.replace('_', '-')} must be one of {', '.join(map(str, choices))}, got "
+                             f"{value!r}.")
+
+
+def _literal_choices(hint: Any) -> tuple[Any, ...]:
+    """The values a `Literal[...]` hint allows, None included for `Literal[...] | None`; () for any other hint."""
+    if typing.get_origin(hint) is Literal:
+        return typing.get_args(hint)
+    arms = typing.get_args(hint)  # a union's
+    if arms and all(typing.get_origin(arm) is Literal or arm is type(None) for arm in arms):
+        return tuple(value for arm in arms for value in (typing.get_args(arm) if arm is not type(None) else (None,)))
+    return ()
+
+
 def validate_run_options(config: RunOptions, total: str) -> None:
     """Reject run option values no run can use, with the option's command-line name."""
+    refuse_unknown_choices(config)
     require_positive_counts(config, "eval_episodes", "checkpoint_freq", "log_freq", "threads", total)
     if not 0 <= config.seed < 2**32:  # numpy's and the envs' seeds
         raise ValueError(f"--seed must lie in [0, 2**32 - 1], got {config.seed}.")
