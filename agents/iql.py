@@ -13,8 +13,8 @@ The algorithm, top to bottom (no action outside the dataset is ever evaluated):
   with a cosine-decaying learning rate;
 - the loop: load the dataset (corrupted if asked), fit the observation statistics to it, then update on
   uniform batches, evaluating the deterministic policy in the dataset's environment (return and D4RL score).
-agents/riql.py is RIQL, IQL made robust to corrupted data: it overrides `initialise_critic`, `fit_normalizer`,
-`combine_targets`, `bellman_target` and `regression_loss`. A saved IQL or RIQL agent is also what the adversarial
+agents/riql.py is RIQL, IQL made robust to corrupted data: its own update, written out there, and IQL's networks
+with `initialise_critic` and `fit_normalizer` of its own. A saved IQL or RIQL agent is also what the adversarial
 data corruption attacks (`load_attacker`). The dataset comes from keelrl.buffers (DatasetOptions,
 prepare_dataset, DatasetBuffer), the networks and optimiser steps from keelrl.networks, the run plumbing (logs,
 evaluations, checkpoints, resume) from keelrl.agents.harness.
@@ -228,10 +228,6 @@ class IQL(SavedAgent):
         """Deterministic actions of raw observations, differentiable in them (for adversarial corruption)."""
         return self.policy(self.obs_norm(obs), deterministic=True)
 
-    def combine_targets(self, q_all: torch.Tensor) -> torch.Tensor:
-        """V's target from the target critics' values (E, B) -> (B,): their minimum."""
-        return q_all.min(dim=0).values
-
     def update(self, batch: Batch) -> dict[str, torch.Tensor]:
         """One update on a batch of raw transitions: the V, Q and actor losses from the networks as they are
         before the update (none depends on another's step), then the steps of V, Q, the target critics and
@@ -240,7 +236,7 @@ class IQL(SavedAgent):
             batch = batch._replace(obs=self.obs_norm(batch.obs), next_obs=self.obs_norm(batch.next_obs))
         with matmul_precision(self.config.precision, self.config.device):  # forward passes only, no optimiser step
             with torch.no_grad():
-                target_q = self.combine_targets(self.critic_target(batch.obs, batch.actions)[..., 0])  # (E, B) -> (B,)
+                target_q = self.critic_target(batch.obs, batch.actions)[..., 0].min(dim=0).values  # (E, B) -> (B,)
                 next_v = self.value(batch.next_obs).float()[:, 0]  # (B, 1) -> (B,)
             value_loss, advantage = self.value_loss(batch.obs, target_q)
             q_loss, q = self.critic_loss(batch, next_v)
@@ -263,18 +259,11 @@ class IQL(SavedAgent):
         return value_loss, advantage.detach()
 
     def critic_loss(self, batch: Batch, next_v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Q's loss: one-step TD onto the target, no maximisation over actions; and the critics' Q-values (E, B),
-        detached."""
+        """Q's loss: the mean squared error of every critic's Q (E, B) to the one-step target r + γ(1 − terminated)
+        V(s') (B,), no maximisation over actions; and the critics' Q-values (E, B), detached."""
         q = self.critic(batch.obs, batch.actions)[..., 0]  # (E, B)
-        return self.regression_loss(q, self.bellman_target(batch, next_v).expand_as(q)), q.detach()
-
-    def bellman_target(self, batch: Batch, next_v: torch.Tensor) -> torch.Tensor:
-        """r + γ(1 − terminated) V(s') (B,)."""
-        return batch.rewards + batch.discounts * (1.0 - batch.terminated) * next_v
-
-    def regression_loss(self, q: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-        """The mean squared error of every critic's Q (E, B) to the target."""
-        return F.mse_loss(q, target)
+        target = batch.rewards + batch.discounts * (1.0 - batch.terminated) * next_v
+        return F.mse_loss(q, target.expand_as(q)), q.detach()
 
     def actor_loss(self, batch: Batch, advantage: torch.Tensor) -> torch.Tensor:
         """The actor's loss: advantage-weighted regression onto dataset actions (its learning rate follows a

@@ -23,8 +23,9 @@ changes marked (RIQL):
 Each robust choice is an option (--q-target min, --q-loss mse, --target-clip None, ... give IQL back). The
 paper tunes σ, the quantile and the ensemble per task and corruption (hopper, random dynamics: σ 1, quantile
 0.5, 5 critics; random observations: σ 0.1, quantile 0.25, 3 critics); pass them as options.
-Everything else is IQL's (agents/iql.py): its networks, update order, value and actor losses and cosine
-schedule, which `RIQL` inherits; this file holds RIQL's options and the five methods they change.
+The update is written out here (`RIQL.update`, in IQL's order); the rest is IQL's (agents/iql.py): its networks,
+value and actor losses and cosine schedule, which `RIQL` takes from `IQL` with its own critic initialisation and
+observation statistics.
 """
 
 from __future__ import annotations
@@ -40,12 +41,18 @@ import torch.nn.functional as F
 
 from keelrl.agents.harness.loop import Run, TrainResult
 from keelrl.agents.harness.options import evaluation_seed, run_cli
-from keelrl.agents.iql import IQL, IQLConfig, evaluate, load_attacker
+from keelrl.agents.iql import IQL, IQLConfig, cosine_factor, evaluate, load_attacker
 from keelrl.agents.iql import validate as validate_iql
 from keelrl.buffers import Batch
 from keelrl.buffers.offline import DatasetBuffer, evaluation_spaces, prepare_dataset
 from keelrl.envs.video import gym_video
-from keelrl.networks import CriticEnsemble
+from keelrl.networks import (
+    CriticEnsemble,
+    matmul_precision,
+    optimizer_step,
+    scale_learning_rates,
+    soft_update,
+)
 
 ALGO = "riql"
 __all__ = ["RIQL", "RIQLConfig", "train", "evaluate"]
@@ -122,23 +129,47 @@ class RIQL(IQL):
         if self.config.normalize_obs:
             self.obs_norm.update(torch.as_tensor(np.concatenate([data["observations"], data["next_observations"]])))
 
-    def combine_targets(self, q_all: torch.Tensor) -> torch.Tensor:
-        """V's target from the target critics' values (E, B) -> (B,): their `quantile` (RIQL), or their minimum
-        (IQL); the quantile interpolates linearly between order statistics."""
+    def update(self, batch: Batch) -> dict[str, torch.Tensor]:
+        """One update on a batch of raw transitions, in IQL's order: the V, Q and actor losses from the networks as
+        they are before the update, then the steps of V, Q, the target critics and the actor. RIQL's V target is
+        `value_target`'s and its critic loss `critic_loss`'s."""
+        if self.config.normalize_obs:
+            batch = batch._replace(obs=self.obs_norm(batch.obs), next_obs=self.obs_norm(batch.next_obs))
+        with matmul_precision(self.config.precision, self.config.device):  # forward passes only, no optimiser step
+            with torch.no_grad():
+                target_q = self.value_target(self.critic_target(batch.obs, batch.actions)[..., 0])  # (E, B) -> (B,)
+                next_v = self.value(batch.next_obs).float()[:, 0]  # (B, 1) -> (B,)
+            value_loss, advantage = self.value_loss(batch.obs, target_q)
+            q_loss, q = self.critic_loss(batch, next_v)
+            actor_loss = self.actor_loss(batch, advantage)
+        optimizer_step(self.optimizers["value"], value_loss, self.value)
+        optimizer_step(self.optimizers["critic"], q_loss, self.critic)
+        soft_update(self.polyak_target, self.polyak_online, self.config.tau)
+        scale_learning_rates([self.optimizers["actor"]], cosine_factor(self.num_updates, self.config.total_updates))
+        optimizer_step(self.optimizers["actor"], actor_loss, self.actor)
+        self.num_updates += 1
+        return {"losses/qf_loss": q_loss.detach(), "losses/vf_loss": value_loss.detach(),
+                "losses/actor_loss": actor_loss.detach(), "losses/qf_values": q.mean(),
+                "losses/advantage": advantage.mean()}
+
+    def value_target(self, q_all: torch.Tensor) -> torch.Tensor:
+        """V's target from the target critics' values (E, B) -> (B,): their `quantile` (RIQL; interpolated linearly
+        between order statistics), or their minimum (IQL)."""
         if self.config.q_target == "quantile":
             return torch.quantile(q_all, self.config.quantile, dim=0)
-        return super().combine_targets(q_all)
+        return q_all.min(dim=0).values
 
-    def bellman_target(self, batch: Batch, next_v: torch.Tensor) -> torch.Tensor:
-        """IQL's r + γ(1 − terminated) V(s'), clipped into `target_clip` ([−100, 1000]) (RIQL)."""
-        target = super().bellman_target(batch, next_v)
-        return target if self.config.target_clip is None else target.clamp(*self.config.target_clip)
-
-    def regression_loss(self, q: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-        """The Huber loss, quadratic below |error| 1/σ² and linear beyond (RIQL), or IQL's squared error."""
+    def critic_loss(self, batch: Batch, next_v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Q's loss: every critic's Q (E, B) regressed onto r + γ(1 − terminated) V(s') (B,), clipped into
+        `target_clip` ([−100, 1000]) (RIQL), by the Huber loss, quadratic below |error| 1/σ² and linear beyond
+        (RIQL), or IQL's squared error; and the critics' Q-values (E, B), detached."""
+        q = self.critic(batch.obs, batch.actions)[..., 0]  # (E, B)
+        target = batch.rewards + batch.discounts * (1.0 - batch.terminated) * next_v
+        if self.config.target_clip is not None:
+            target = target.clamp(*self.config.target_clip)
         if self.config.q_loss == "huber":
-            return F.smooth_l1_loss(q, target, beta=1.0 / self.config.huber_sigma**2)
-        return super().regression_loss(q, target)
+            return F.smooth_l1_loss(q, target.expand_as(q), beta=1.0 / self.config.huber_sigma**2), q.detach()
+        return F.mse_loss(q, target.expand_as(q)), q.detach()
 
 
 def train(config: RIQLConfig) -> TrainResult:

@@ -118,14 +118,15 @@ def test_riql_defaults_and_quantile_target():
     assert agent.critic.num_critics == 5 and agent.config.q_loss == "huber" and agent.config.deterministic_actor
     q_all = torch.arange(10.0).view(5, 2)  # 5 critics, 2 transitions: values 0 2 4 6 8 and 1 3 5 7 9
     # the 0.25-quantile, linearly interpolated: position 0.25 · (5 − 1) = 1, the second smallest
-    torch.testing.assert_close(agent.combine_targets(q_all), torch.tensor([2.0, 3.0]), rtol=0, atol=0)
-    torch.testing.assert_close(agent.combine_targets(q_all.flip(0)), torch.tensor([2.0, 3.0]), rtol=0, atol=0)
+    torch.testing.assert_close(agent.value_target(q_all), torch.tensor([2.0, 3.0]), rtol=0, atol=0)
+    torch.testing.assert_close(agent.value_target(q_all.flip(0)), torch.tensor([2.0, 3.0]), rtol=0, atol=0)
     # between order statistics: (0.3 · 4 = 1.2) of 0 10 20 30 40 is 10 + 0.2 · 10 = 12
     spread = torch.tensor([[40.0], [0.0], [30.0], [10.0], [20.0]])
-    quantile_03 = make_agent("riql", quantile=0.3).combine_targets(spread)
+    quantile_03 = make_agent("riql", quantile=0.3).value_target(spread)
     torch.testing.assert_close(quantile_03, torch.tensor([12.0]), rtol=1e-6, atol=0)
-    torch.testing.assert_close(make_agent("iql").combine_targets(q_all[:2]), q_all[0])  # IQL: the minimum
-    torch.testing.assert_close(make_agent("iql").combine_targets(q_all[:2].flip(0)), torch.tensor([0.0, 1.0]))
+    iql_target = make_agent("riql", q_target="min").value_target  # IQL's: the minimum
+    torch.testing.assert_close(iql_target(q_all[:2]), q_all[0])
+    torch.testing.assert_close(iql_target(q_all[:2].flip(0)), torch.tensor([0.0, 1.0]))
 
 
 def test_riql_schedule_runs_over_its_3m_updates_and_critics_start_as_edac():

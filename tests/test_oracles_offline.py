@@ -212,13 +212,13 @@ def run_iql_update(agent, batch, monkeypatch):
     """agent.update(batch), recording what its target critics saw and output, V's target and Q's target."""
     seen = {}
     agent.critic_target.register_forward_hook(record_first(seen, "target_q_all", lambda inputs, output: output))
-    combine = agent.combine_targets
+    value_loss = agent.value_loss
 
-    def spy_combine(q_all):
-        seen["target_q"] = combine(q_all)
-        return seen["target_q"]
+    def spy_value_loss(obs, target_q):
+        seen["target_q"] = target_q
+        return value_loss(obs, target_q)
 
-    monkeypatch.setattr(agent, "combine_targets", spy_combine)
+    monkeypatch.setattr(agent, "value_loss", spy_value_loss)
     for name in ("mse_loss", "smooth_l1_loss"):
         original = getattr(torch.nn.functional, name)
 
