@@ -325,21 +325,21 @@ class PPO(SavedSpaceAgent):
         return as_flat_tensors({**data, "advantages": advantages, "returns": returns}, self.device,
                                seed_axis=self.num_seeds > 1)
 
-    def surrogate_advantages(self, minibatch: dict[str, torch.Tensor]) -> torch.Tensor:
-        """The advantages the clipped surrogate weighs (B,): normalised to mean 0, std 1 per minibatch."""
+    def normalized_advantages(self, minibatch: dict[str, torch.Tensor]) -> torch.Tensor:
+        """The minibatch's advantages (B,), normalised to mean 0, std 1 (when norm_adv: CleanRL's default)."""
         advantages = minibatch["advantages"]
         if not self.config.norm_adv:
             return advantages
         return (advantages - advantages.mean()) / (advantages.std() + 1e-8)
 
-    def policy_loss(self, minibatch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, dict[str, Any]]:
-        """The clipped surrogate −E[min(ρA, clip(ρ, 1 ± ε)A)], ρ = π(a|s) / π_old(a|s); the mean entropy (to be
-        maximised); the approximate KLs (E[−log ρ], and E[(ρ − 1) − log ρ] that `target_kl` reads, CleanRL's
-        old_approx_kl and approx_kl) and the fraction of clipped ratios."""
+    def policy_loss(self, minibatch: dict[str, torch.Tensor],
+                    advantages: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, dict[str, Any]]:
+        """The clipped surrogate −E[min(ρA, clip(ρ, 1 ± ε)A)] of `advantages` A (B,), ρ = π(a|s) / π_old(a|s); the
+        mean entropy (to be maximised); the approximate KLs (E[−log ρ], and E[(ρ − 1) − log ρ] that `target_kl`
+        reads, CleanRL's old_approx_kl and approx_kl) and the fraction of clipped ratios."""
         log_probs, entropy = self.log_prob_and_entropy(minibatch["obs"], minibatch["actions"])
         log_ratio = log_probs - minibatch["log_probs"]
         ratio = log_ratio.exp()  # (B,)
-        advantages = self.surrogate_advantages(minibatch)
         clip = self.config.clip_coef
         loss = torch.max(-advantages * ratio, -advantages * ratio.clamp(1.0 - clip, 1.0 + clip)).mean()
         with torch.no_grad():
@@ -357,7 +357,7 @@ class PPO(SavedSpaceAgent):
 
     def loss(self, minibatch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, Any]]:
         """The joint loss policy − ent_coef · entropy + vf_coef · value, and the figures to log."""
-        policy_loss, entropy, stats = self.policy_loss(minibatch)
+        policy_loss, entropy, stats = self.policy_loss(minibatch, self.normalized_advantages(minibatch))
         value_loss = self.value_loss(self.value(minibatch["obs"]), minibatch["values"], minibatch["returns"])
         loss = policy_loss - self.config.ent_coef * entropy + self.config.vf_coef * value_loss
         return loss, {"policy_loss": policy_loss, "value_loss": value_loss, "entropy": entropy, **stats}
@@ -365,9 +365,9 @@ class PPO(SavedSpaceAgent):
     def update(self, rollout: RolloutBuffer | SeedRollouts,
                next_values: dict[str, np.ndarray]) -> dict[str, torch.Tensor | float]:
         """`update_epochs` passes over the rollout in `num_minibatches` shuffled minibatches, one clipped-gradient
-        Adam step each (the gradient norm clipped per parameter group of the optimiser, and per seed), the learning
-        rate annealed linearly to 0 over the run; passes stop once the approximate KL of a pass's last minibatch
-        exceeds `target_kl`. A seed group's figures are per seed, (S,)."""
+        Adam step each (the gradient norm of policy and value clipped together, as CleanRL's, per seed), the
+        learning rate annealed linearly to 0 over the run; passes stop once the approximate KL of a pass's last
+        minibatch exceeds `target_kl`. A seed group's figures are per seed, (S,)."""
         config, optimizer = self.config, self.optimizers["ppo"]
         if config.anneal_lr:
             scale_learning_rates([optimizer], 1.0 - self.num_updates / self.total_updates)
@@ -384,8 +384,8 @@ class PPO(SavedSpaceAgent):
                                           for name, value in shuffled.items()})
                 optimizer.zero_grad(set_to_none=True)
                 loss.sum().backward()  # a seed group's losses (S,): each seed's steps only its own weights
-                for group in optimizer.param_groups:  # PPO's one: policy and value clipped together, as CleanRL's
-                    clip_gradient_norm(group["params"], config.max_grad_norm, seed_axis=self.num_seeds > 1)
+                clip_gradient_norm(optimizer.param_groups[0]["params"], config.max_grad_norm,
+                                   seed_axis=self.num_seeds > 1)
                 optimizer.step()
                 clipfracs.append(stats["clipfrac"])
             if config.target_kl is not None and stats["approx_kl"] > config.target_kl:

@@ -5,7 +5,8 @@ Run:     python -m keelrl.agents.ppo_lag --env-id keelrl/SafeHopperVelocity-v1 -
 Import:  from keelrl.agents.ppo_lag import PPOLag, PPOLagConfig, train, evaluate
 
 The algorithm, top to bottom (what differs from agents/ppo.py is all in this file):
-- PPO's policy, value network, normalisers, rollouts and clipped updates, unchanged (CleanRL's, agents/ppo.py);
+- PPO's policy, value network, normalisers, rollouts and clipped updates (CleanRL's, agents/ppo.py; the update
+  written out here, `PPOLag.update`, with its Lagrangian loss, `PPOLag.loss`);
 - a cost value network V_c (the value network's architecture) and the rollout's costs; cost advantages by GAE
   with PPO's γ and λ (OmniSafe's cost_gamma 0.99 and lam_c 0.95: configs/on-policy/PPOLag.yaml:62-66), centred
   on the rollout's mean but not scaled (omnisafe/common/buffer/onpolicy_buffer.py:232-236, standardized_cost_adv);
@@ -48,6 +49,7 @@ from keelrl.agents.ppo import (
     PPOConfig,
     check_action_space,
     evaluate,
+    explained_variance,
     go_on_with_the_rollout,
     resolve,
     rollout_state,
@@ -57,7 +59,8 @@ from keelrl.buffers.rollout import RolloutBuffer, SeedRollouts, as_flat_tensors,
 from keelrl.envs import make_vec_env
 from keelrl.envs.safety import require_cost_task
 from keelrl.envs.video import gym_video
-from keelrl.networks import mlp, orthogonal_init_
+from keelrl.networks import clip_gradient_norm, mlp, orthogonal_init_, scale_learning_rates
+from keelrl.networks.seeds import seed_rows
 
 ALGO = "ppo_lag"
 __all__ = ["PPOLag", "PPOLagConfig", "train", "evaluate"]
@@ -119,20 +122,54 @@ class PPOLag(PPO):
                 **as_flat_tensors(cost_fields, self.device, seed_axis=self.num_seeds > 1)}
 
     def surrogate_advantages(self, minibatch: dict[str, torch.Tensor]) -> torch.Tensor:
-        """(A_r − λ A_c) / (1 + λ) (B,), A_r PPO's normalised advantage."""
+        """(A_r − λ A_c) / (1 + λ) (B,), A_r PPO's normalised advantage, A_c the centred cost advantage."""
         lam = self.lagrange_multiplier
-        return (super().surrogate_advantages(minibatch) - lam * minibatch["cost_advantages"]) / (1.0 + lam)
+        return (self.normalized_advantages(minibatch) - lam * minibatch["cost_advantages"]) / (1.0 + lam)
 
     def loss(self, minibatch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        """PPO's joint loss plus vf_coef · the cost value loss ½ E[(V_c − G_c)²], unclipped (module docstring)."""
-        loss, stats = super().loss(minibatch)
+        """The joint loss: PPO's clipped surrogate on the Lagrangian advantages − ent_coef · entropy + vf_coef ·
+        PPO's value loss + vf_coef · the cost value loss ½ E[(V_c − G_c)²], unclipped (module docstring); and the
+        figures to log."""
+        policy_loss, entropy, stats = self.policy_loss(minibatch, self.surrogate_advantages(minibatch))
+        value_loss = self.value_loss(self.value(minibatch["obs"]), minibatch["values"], minibatch["returns"])
         cost_loss = 0.5 * (self.cost_value(minibatch["obs"]) - minibatch["cost_returns"]).pow(2).mean()
-        return loss + self.config.vf_coef * cost_loss, {**stats, "cost_value_loss": cost_loss}
+        vf_coef = self.config.vf_coef
+        loss = policy_loss - self.config.ent_coef * entropy + vf_coef * value_loss + vf_coef * cost_loss
+        return loss, {"policy_loss": policy_loss, "value_loss": value_loss, "entropy": entropy, **stats,
+                      "cost_value_loss": cost_loss}
 
     def update(self, rollout: RolloutBuffer | SeedRollouts,
                next_values: dict[str, np.ndarray]) -> dict[str, torch.Tensor | float]:
-        """PPO's update; λ is logged with it."""
-        return {**super().update(rollout, next_values), "losses/lagrange_multiplier": self.lagrange_multiplier.clone()}
+        """PPO's passes (agents/ppo.py), each Adam step after clipping the gradient norm of policy and value, and
+        of V_c apart (each per seed); λ is logged with the losses. A seed group's figures are per seed, (S,)."""
+        config, optimizer = self.config, self.optimizers["ppo"]
+        if config.anneal_lr:
+            scale_learning_rates([optimizer], 1.0 - self.num_updates / self.total_updates)
+        batch = self.batch(rollout, next_values)
+        sample_axis = batch["advantages"].dim() - 1  # 0; a seed group's 1, behind the seed axis
+        size = batch["advantages"].shape[sample_axis]
+        clipfracs = []
+        minibatch_size = size // config.num_minibatches
+        for _ in range(config.update_epochs):
+            order = torch.as_tensor(self.rng.permutation(size), device=self.device)  # (T·N,); a group's (S, T·N)
+            shuffled = {name: seed_rows(value, order) for name, value in batch.items()}  # one gather per field, pass
+            for start in range(0, size, minibatch_size):
+                loss, stats = self._loss({name: value.narrow(sample_axis, start, minibatch_size)
+                                          for name, value in shuffled.items()})
+                optimizer.zero_grad(set_to_none=True)
+                loss.sum().backward()  # a seed group's losses (S,): each seed's steps only its own weights
+                for group in optimizer.param_groups:  # policy and value together; V_c apart
+                    clip_gradient_norm(group["params"], config.max_grad_norm, seed_axis=self.num_seeds > 1)
+                optimizer.step()
+                clipfracs.append(stats["clipfrac"])
+            if config.target_kl is not None and stats["approx_kl"] > config.target_kl:
+                break
+        self.num_updates += 1
+        return {**{f"losses/{name}": value.detach() for name, value in stats.items() if name != "clipfrac"},
+                "losses/clipfrac": torch.stack(clipfracs).mean(0),
+                "losses/explained_variance": explained_variance(batch["values"], batch["returns"]),
+                "charts/learning_rate": optimizer.param_groups[0]["lr"],
+                "losses/lagrange_multiplier": self.lagrange_multiplier.clone()}
 
 
 def train(config: PPOLagConfig) -> TrainResult:
