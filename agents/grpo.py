@@ -397,10 +397,11 @@ class GRPO:
                                      "vocab": vocab_of(self.policy.tokenizer), "policy": self.policy.state_dict()})
 
     @classmethod
-    def load(cls, path: str | os.PathLike) -> GRPO:
-        """A saved agent; a --model-path run needs its model directory (for the tokenizer and architecture)."""
+    def load(cls, path: str | os.PathLike, device: str = "cpu") -> GRPO:
+        """A saved agent, on `device` (its config then names it: a model trained on a GPU loads on the CPU); a
+        --model-path run needs its model directory (for the tokenizer and architecture)."""
         state = read_checkpoint(path, ALGO)
-        config = saved_config(GRPOConfig, state["config"])
+        config = dataclasses.replace(saved_config(GRPOConfig, state["config"]), device=str(torch.device(device)))
         agent = cls(build_policy(config, state["vocab"]), config)
         agent.policy.load_state_dict(state["policy"])
         return agent

@@ -296,8 +296,10 @@ def test_threads_and_device_given_with_resume_are_applied(tmp_path, monkeypatch)
         return real_update(agent, batch)
 
     monkeypatch.setattr(sac.SAC, "update", update)
+    torch.set_num_threads(3)  # the caller's own setting, given back when the run ends
     try:
         result = sac.train(sac.SACConfig(resume=str(run_dir), threads=2, device="cpu:0", quiet=True))
+        assert torch.get_num_threads() == 3
     finally:
         torch.set_num_threads(1)
     assert set(threads) == {2} and len(threads) == 200

@@ -405,6 +405,10 @@ def test_tiny_run_logs_checkpoints_loads_and_is_deterministic(tmp_path):
     agent = GRPO.load(result.run_dir / "model.pt")
     for name, tensor in agent.policy.state_dict().items():
         assert torch.equal(tensor, checkpoint["agent"]["policy"][name])
+    model = torch.load(result.run_dir / "model.pt", weights_only=True)
+    model["config"]["device"] = "cuda"  # as trained on a GPU: it loads on the CPU (it failed on CUDA calls)
+    torch.save(model, tmp_path / "gpu_model.pt")
+    assert GRPO.load(tmp_path / "gpu_model.pt", device="cpu").config.device == "cpu"
     again = train(tiny_config(tmp_path / "b"))
     assert again.history[-1] == {**result.history[-1], "minutes": again.history[-1]["minutes"]}
     assert np.array_equal(again.final_eval_returns, result.final_eval_returns)

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 
 from keelrl.agents.harness.checkpoints import (
     CHECKPOINT_FILE,
@@ -147,6 +148,7 @@ class Run:
         self._uncommitted = False  # a seed group's checkpoint written and not yet in place
         self._filming: Filming | None = None
         self._wandb = None
+        self._threads_before = torch.get_num_threads()  # given back at the end: a caller's own setting stays
         set_threads(self.config.threads)
         seed_everything(self.config.seed)
 
@@ -247,6 +249,7 @@ class Run:
         if self._wandb is not None:
             self._wandb.finish()
         self.release_lock()
+        torch.set_num_threads(self._threads_before)
         if isinstance(exc, FloatingPointError) and not isinstance(exc, NonFinite):  # from the env or its wrappers
             raise NonFinite(f"{exc} (global step {self.step}). {self._kept()}") from None
 
