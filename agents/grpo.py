@@ -551,38 +551,38 @@ def train(config: GRPOConfig) -> GRPOResult:
     run = Run(config, ALGO, validate, total="iterations", keep_from_command_line=("max_minutes",),
               checkpoint_keys=("global_step", "agent", "rng", "vocab", "history"))
     config = run.config
-    task = make_task(config.task, config.task_size, config.max_value, config.heldout_fraction)
-    agent = GRPO(build_policy(config, run.checkpoint["vocab"] if run.resumed else None), config)
-    env = GroupTokenEnv(task, agent.policy.tokenizer, config.num_prompts, config.group_size, config.max_new_tokens,
-                        config.context_length, "train", seed=config.seed)
-    heldout = task.problems("heldout", config.eval_episodes, seed=0)  # the same held-out prompts for every seed
-    # a prompt too long for the context fails here, before a run directory is made; so does a prompt that leaves
-    # less than max_new_tokens of room (checked on the prompts known now: the first batch and the held-out set;
-    # a longer one drawn later is cut at the context by the env, and decoding holds its position ids in range)
-    _, info = env.reset()
-    check_room([len(ids) for ids in info["prompt_ids"]]
-               + [len(agent.policy.tokenizer.encode(p.prompt, add_special_tokens=False)) for p in heldout],
-               config.max_new_tokens, config.context_length, "--context-length")
-    history: list[dict[str, float]] = []
+    with run:  # from here on, a failure releases the run's lock, threads and signals
+        task = make_task(config.task, config.task_size, config.max_value, config.heldout_fraction)
+        agent = GRPO(build_policy(config, run.checkpoint["vocab"] if run.resumed else None), config)
+        env = GroupTokenEnv(task, agent.policy.tokenizer, config.num_prompts, config.group_size, config.max_new_tokens,
+                            config.context_length, "train", seed=config.seed)
+        heldout = task.problems("heldout", config.eval_episodes, seed=0)  # the same held-out prompts for every seed
+        # a prompt too long for the context fails here, before a run directory is made; so does a prompt that leaves
+        # less than max_new_tokens of room (checked on the prompts known now: the first batch and the held-out set;
+        # a longer one drawn later is cut at the context by the env, and decoding holds its position ids in range)
+        _, info = env.reset()
+        check_room([len(ids) for ids in info["prompt_ids"]]
+                   + [len(agent.policy.tokenizer.encode(p.prompt, add_special_tokens=False)) for p in heldout],
+                   config.max_new_tokens, config.context_length, "--context-length")
+        history: list[dict[str, float]] = []
 
-    def evaluate_now() -> tuple[np.ndarray, None]:
-        """Greedy rewards on the held-out prompts; pass@1, pass@k and accuracy logged beside them and kept in
-        the history."""
-        metrics = evaluate(agent, task, heldout, config.eval_samples, config.pass_k)
-        greedy_rewards = metrics.pop("greedy_rewards")
-        run.logger.scalars({f"eval/{name}": value for name, value in metrics.items()}, run.step)
-        history.append({"iteration": run.step, "minutes": (time.perf_counter() - start_time) / 60, **metrics})
-        return greedy_rewards, None
+        def evaluate_now() -> tuple[np.ndarray, None]:
+            """Greedy rewards on the held-out prompts; pass@1, pass@k and accuracy logged beside them and kept in
+            the history."""
+            metrics = evaluate(agent, task, heldout, config.eval_samples, config.pass_k)
+            greedy_rewards = metrics.pop("greedy_rewards")
+            run.logger.scalars({f"eval/{name}": value for name, value in metrics.items()}, run.step)
+            history.append({"iteration": run.step, "minutes": (time.perf_counter() - start_time) / 60, **metrics})
+            return greedy_rewards, None
 
-    def out_of_time() -> bool:
-        return config.max_minutes > 0 and time.perf_counter() - start_time >= 60 * config.max_minutes
+        def out_of_time() -> bool:
+            return config.max_minutes > 0 and time.perf_counter() - start_time >= 60 * config.max_minutes
 
-    # the vocabulary was read before the agent was built; the prompt sampler and torch continue where they were
-    run.start(f"rlvr-{config.task}", agent, evaluate_now, numpy_rng=env.np_random,
-              state={"vocab": (lambda: vocab_of(agent.policy.tokenizer), lambda saved: None),
-                     "history": (lambda: history, history.extend)})
-    tokens = 0
-    with run:
+        # the vocabulary was read before the agent was built; the prompt sampler and torch continue where they were
+        run.start(f"rlvr-{config.task}", agent, evaluate_now, numpy_rng=env.np_random,
+                  state={"vocab": (lambda: vocab_of(agent.policy.tokenizer), lambda saved: None),
+                         "history": (lambda: history, history.extend)})
+        tokens = 0
         if not run.resumed:
             warmup_loss = agent.warmup(task, np.random.default_rng(config.seed))
             agent.freeze_reference()

@@ -277,7 +277,9 @@ class PPO(SavedSpaceAgent):
     def act(self, obs: np.ndarray, deterministic: bool = False) -> np.ndarray:
         """Env actions for a batch of raw observations, from the networks as they are now: the Gaussian's mean
         (clipped) or the most likely action when deterministic, else a sample."""
-        outputs = self.actor(torch.as_tensor(self.standardized(self.observation_batch(obs)), device=self.device))
+        obs = self.observation_batch(obs)
+        obs = obs.detach().float().cpu().numpy() if isinstance(obs, torch.Tensor) else obs  # standardised in numpy
+        outputs = self.actor(torch.as_tensor(self.standardized(obs), device=self.device))
         if deterministic:
             actions = outputs if self.continuous else outputs.argmax(-1)
         elif self.continuous:
@@ -458,40 +460,41 @@ def train(config: PPOConfig) -> TrainResult:
     its own run directory; the first seed's result is returned)."""
     run = SeedRuns(resolve(config) if config.resume is None else config, ALGO, validate, total="total_timesteps")
     config = run.config
-    env = run.group(lambda seed: make_vec_env(config.env_id, config.num_envs, seed + run.step, config.env_backend))
-    check_action_space(env.single_action_space, config.env_id)
-    obs_dim = int(np.prod(env.single_observation_space.shape))
-    agent = run.agent(lambda: PPO(obs_dim, env.single_action_space, config)).to(config.device)
-    agent.rng = run.numpy_rng()  # each seed's own generator (one seed: the one PPO made, seeded alike)
-    rollout = run.group(lambda seed: RolloutBuffer(config.num_steps, config.num_envs, (obs_dim,),
-                                                   env.single_action_space.shape))
-    obs, _ = env.reset()
-    # evaluation episode i of a seed is seeded eval_seed + i (SeedRuns gives each seed its own)
-    run.start(config.env_id, agent, numpy_rng=agent.rng, state=rollout_state(run, env, rollout),
-              evaluate=lambda agent, eval_seed: evaluate(agent, config.env_id, config.eval_episodes, eval_seed),
-              video=lambda agent, eval_seed: gym_video(config.env_id, lambda obs: agent.act(obs, deterministic=True),
-                                                       eval_seed))
-    policy = agent.rollout_policy()  # taken after a resumed run's weights are loaded
-    if run.resumed:
-        obs = go_on_with_the_rollout(agent, policy, rollout, obs, run.checkpoint["episodes"] is not None)
+    with run:  # from here on, a failure releases the run's lock, threads and signals
+        env = run.group(lambda seed: make_vec_env(config.env_id, config.num_envs, seed + run.step, config.env_backend))
+        check_action_space(env.single_action_space, config.env_id)
+        obs_dim = int(np.prod(env.single_observation_space.shape))
+        agent = run.agent(lambda: PPO(obs_dim, env.single_action_space, config)).to(config.device)
+        agent.rng = run.numpy_rng()  # each seed's own generator (one seed: the one PPO made, seeded alike)
+        rollout = run.group(lambda seed: RolloutBuffer(config.num_steps, config.num_envs, (obs_dim,),
+                                                       env.single_action_space.shape))
+        obs, _ = env.reset()
+        # evaluation episode i of a seed is seeded eval_seed + i (SeedRuns gives each seed its own)
+        run.start(config.env_id, agent, numpy_rng=agent.rng, state=rollout_state(run, env, rollout),
+                  evaluate=lambda agent, eval_seed: evaluate(agent, config.env_id, config.eval_episodes, eval_seed),
+                  video=lambda agent, eval_seed: gym_video(
+                      config.env_id, lambda obs: agent.act(obs, deterministic=True), eval_seed))
+        policy = agent.rollout_policy()  # taken after a resumed run's weights are loaded
+        if run.resumed:
+            obs = go_on_with_the_rollout(agent, policy, rollout, obs, run.checkpoint["episodes"] is not None)
 
-    with run, env:
-        for _ in run.steps(config.num_envs):
-            obs_acted_on = agent.observe(obs)  # (N, obs_dim); a seed group's (S, N, obs_dim), and so on below
-            actions, log_probs, values = policy.explore(obs_acted_on)
-            next_obs, rewards, terminated, truncated, info = env.step(agent.env_actions(actions))
-            rewards = agent.scale_rewards(rewards, terminated | truncated)
-            if (truncated & ~terminated).any():  # bootstrap through the time limit from the true final observation
-                rewards = rewards + policy.bootstraps(agent.standardized(info["final_obs"]), truncated & ~terminated,
-                                                      config.gamma)["rewards"]
-            rollout.add(obs=obs_acted_on, actions=actions, log_probs=log_probs, values=values["rewards"],
-                        rewards=rewards, dones=terminated | truncated)
-            obs = rollout.next_obs = next_obs
-            run.record_episodes(info)
-            if rollout.full:
-                run.log(agent.update(rollout, policy.values(agent.standardized(obs))))
-                rollout.clear()
-                policy = agent.rollout_policy()
+        with env:
+            for _ in run.steps(config.num_envs):
+                obs_acted_on = agent.observe(obs)  # (N, obs_dim); a seed group's (S, N, obs_dim), and so on below
+                actions, log_probs, values = policy.explore(obs_acted_on)
+                next_obs, rewards, terminated, truncated, info = env.step(agent.env_actions(actions))
+                rewards = agent.scale_rewards(rewards, terminated | truncated)
+                if (truncated & ~terminated).any():  # bootstrap through the time limit from the true final observation
+                    final_obs = agent.standardized(info["final_obs"])
+                    rewards = rewards + policy.bootstraps(final_obs, truncated & ~terminated, config.gamma)["rewards"]
+                rollout.add(obs=obs_acted_on, actions=actions, log_probs=log_probs, values=values["rewards"],
+                            rewards=rewards, dones=terminated | truncated)
+                obs = rollout.next_obs = next_obs
+                run.record_episodes(info)
+                if rollout.full:
+                    run.log(agent.update(rollout, policy.values(agent.standardized(obs))))
+                    rollout.clear()
+                    policy = agent.rollout_policy()
     return run.result()
 
 

@@ -180,42 +180,43 @@ def train(config: PPOLagConfig) -> TrainResult:
         require_cost_task(config.env_id, config.env_backend, "PPO-Lag")  # before `resolve` makes the env to see it
     run = SeedRuns(resolve(config) if config.resume is None else config, ALGO, validate, total="total_timesteps")
     config = run.config
-    env = run.group(lambda seed: make_vec_env(config.env_id, config.num_envs, seed + run.step, config.env_backend))
-    check_action_space(env.single_action_space, config.env_id)
-    obs_dim = int(np.prod(env.single_observation_space.shape))
-    agent = run.agent(lambda: PPOLag(obs_dim, env.single_action_space, config)).to(config.device)
-    agent.rng = run.numpy_rng()  # each seed's own generator (one seed: the one PPO made, seeded alike)
-    rollout = run.group(lambda seed: RolloutBuffer(config.num_steps, config.num_envs, (obs_dim,),
-                                                   env.single_action_space.shape, store_cost=True))
-    obs, _ = env.reset()
-    # evaluation episode i of a seed is seeded eval_seed + i (SeedRuns gives each seed its own)
-    run.start(config.env_id, agent, numpy_rng=agent.rng, state=rollout_state(run, env, rollout),
-              evaluate=lambda agent, eval_seed: evaluate(agent, config.env_id, config.eval_episodes, eval_seed),
-              video=lambda agent, eval_seed: gym_video(config.env_id, lambda obs: agent.act(obs, deterministic=True),
-                                                       eval_seed))
-    policy = agent.rollout_policy()  # taken after a resumed run's weights are loaded
-    if run.resumed:
-        obs = go_on_with_the_rollout(agent, policy, rollout, obs, run.checkpoint["episodes"] is not None)
+    with run:  # from here on, a failure releases the run's lock, threads and signals
+        env = run.group(lambda seed: make_vec_env(config.env_id, config.num_envs, seed + run.step, config.env_backend))
+        check_action_space(env.single_action_space, config.env_id)
+        obs_dim = int(np.prod(env.single_observation_space.shape))
+        agent = run.agent(lambda: PPOLag(obs_dim, env.single_action_space, config)).to(config.device)
+        agent.rng = run.numpy_rng()  # each seed's own generator (one seed: the one PPO made, seeded alike)
+        rollout = run.group(lambda seed: RolloutBuffer(config.num_steps, config.num_envs, (obs_dim,),
+                                                       env.single_action_space.shape, store_cost=True))
+        obs, _ = env.reset()
+        # evaluation episode i of a seed is seeded eval_seed + i (SeedRuns gives each seed its own)
+        run.start(config.env_id, agent, numpy_rng=agent.rng, state=rollout_state(run, env, rollout),
+                  evaluate=lambda agent, eval_seed: evaluate(agent, config.env_id, config.eval_episodes, eval_seed),
+                  video=lambda agent, eval_seed: gym_video(
+                      config.env_id, lambda obs: agent.act(obs, deterministic=True), eval_seed))
+        policy = agent.rollout_policy()  # taken after a resumed run's weights are loaded
+        if run.resumed:
+            obs = go_on_with_the_rollout(agent, policy, rollout, obs, run.checkpoint["episodes"] is not None)
 
-    with run, env:
-        for _ in run.steps(config.num_envs):
-            obs_acted_on = agent.observe(obs)  # (N, obs_dim); a seed group's (S, N, obs_dim), and so on below
-            actions, log_probs, values = policy.explore(obs_acted_on)
-            next_obs, rewards, terminated, truncated, info = env.step(agent.env_actions(actions))
-            rewards, costs = agent.scale_rewards(rewards, terminated | truncated), info["cost"]
-            if (truncated & ~terminated).any():  # bootstrap through the time limit from the true final observation
-                bootstraps = policy.bootstraps(agent.standardized(info["final_obs"]), truncated & ~terminated,
-                                               config.gamma)
-                rewards, costs = rewards + bootstraps["rewards"], costs + bootstraps["costs"]
-            rollout.add(obs=obs_acted_on, actions=actions, log_probs=log_probs, values=values["rewards"],
-                        rewards=rewards, costs=costs, cost_values=values["costs"], dones=terminated | truncated)
-            obs = rollout.next_obs = next_obs
-            rollout.add_episode_costs(run.record_episodes(info))
-            if rollout.full:  # λ first, on this rollout's finished episodes (each seed's on its own); then the policy
-                agent.lagrange.observe(rollout.episode_costs, run.step)
-                run.log(agent.update(rollout, policy.values(agent.standardized(obs))))
-                rollout.clear()
-                policy = agent.rollout_policy()
+        with env:
+            for _ in run.steps(config.num_envs):
+                obs_acted_on = agent.observe(obs)  # (N, obs_dim); a seed group's (S, N, obs_dim), and so on below
+                actions, log_probs, values = policy.explore(obs_acted_on)
+                next_obs, rewards, terminated, truncated, info = env.step(agent.env_actions(actions))
+                rewards, costs = agent.scale_rewards(rewards, terminated | truncated), info["cost"]
+                if (truncated & ~terminated).any():  # bootstrap through the time limit from the true final observation
+                    bootstraps = policy.bootstraps(agent.standardized(info["final_obs"]), truncated & ~terminated,
+                                                   config.gamma)
+                    rewards, costs = rewards + bootstraps["rewards"], costs + bootstraps["costs"]
+                rollout.add(obs=obs_acted_on, actions=actions, log_probs=log_probs, values=values["rewards"],
+                            rewards=rewards, costs=costs, cost_values=values["costs"], dones=terminated | truncated)
+                obs = rollout.next_obs = next_obs
+                rollout.add_episode_costs(run.record_episodes(info))
+                if rollout.full:  # λ first, on this rollout's finished episodes (each seed's own); then the policy
+                    agent.lagrange.observe(rollout.episode_costs, run.step)
+                    run.log(agent.update(rollout, policy.values(agent.standardized(obs))))
+                    rollout.clear()
+                    policy = agent.rollout_policy()
     return run.result(lambda seed_run: final_cost_lines(seed_run, config.cost_limit))
 
 

@@ -176,20 +176,20 @@ def train(config: RIQLConfig) -> TrainResult:
     """Train RIQL for `config.total_updates` gradient updates on `config.dataset`."""
     run = Run(config, ALGO, validate, total="total_updates")
     config = run.config
-    attacker = load_attacker(config.attack_model) if config.corruption and config.attack_model else (None, None)
-    data, summary = prepare_dataset(config, config.seed, *attacker)
-    env_id = summary["env_id"]
-    observation_space, action_space = evaluation_spaces(data, env_id)
-    agent = RIQL(int(np.prod(observation_space.shape)), action_space.low, action_space.high, config)
-    agent.fit_normalizer(data)
-    agent.to(config.device)
-    buffer = DatasetBuffer(data, config.gamma, config.device, seed=config.seed)
-    eval_seed = evaluation_seed(config.seed, config.eval_episodes)  # evaluation episode i is seeded eval_seed + i
-    run.start(env_id, agent, evaluate=lambda: evaluate(agent, env_id, config.eval_episodes, eval_seed),
-              state={"sampler": (buffer.generator.get_state, buffer.generator.set_state)},
-              reference_returns=summary["ref_scores"], files={"dataset.json": json.dumps(summary, indent=2)},
-              video=gym_video(env_id, lambda obs: agent.act(obs, deterministic=True), eval_seed))
-    with run:
+    with run:  # from here on, a failure releases the run's lock, threads and signals
+        attacker = load_attacker(config.attack_model) if config.corruption and config.attack_model else (None, None)
+        data, summary = prepare_dataset(config, config.seed, *attacker)
+        env_id = summary["env_id"]
+        observation_space, action_space = evaluation_spaces(data, env_id)
+        agent = RIQL(int(np.prod(observation_space.shape)), action_space.low, action_space.high, config)
+        agent.fit_normalizer(data)
+        agent.to(config.device)
+        buffer = DatasetBuffer(data, config.gamma, config.device, seed=config.seed)
+        eval_seed = evaluation_seed(config.seed, config.eval_episodes)  # evaluation episode i is seeded eval_seed + i
+        run.start(env_id, agent, evaluate=lambda: evaluate(agent, env_id, config.eval_episodes, eval_seed),
+                  state={"sampler": (buffer.generator.get_state, buffer.generator.set_state)},
+                  reference_returns=summary["ref_scores"], files={"dataset.json": json.dumps(summary, indent=2)},
+                  video=gym_video(env_id, lambda obs: agent.act(obs, deterministic=True), eval_seed))
         for _ in run.steps():
             run.log(agent.update(buffer.sample(config.batch_size)))
     return run.result()

@@ -176,24 +176,25 @@ def train(config: StreamACConfig) -> TrainResult:
     """
     run = Run(config, ALGO, validate, total="total_timesteps")
     config = run.config
-    with stream_env_for(config) as env:
-        check_action_space(env.unwrapped.action_space, config.env_id)
-        agent = StreamAC(env.observation_space.shape[0], env.unwrapped.action_space, config)
-        eval_seed = evaluation_seed(config.seed, config.eval_episodes)  # evaluation episode i is seeded eval_seed + i
+    with run:  # from here on, a failure releases the run's lock, threads and signals
+        with stream_env_for(config) as env:
+            check_action_space(env.unwrapped.action_space, config.env_id)
+            agent = StreamAC(env.observation_space.shape[0], env.unwrapped.action_space, config)
+            eval_seed = evaluation_seed(config.seed, config.eval_episodes)  # evaluation episode i: eval_seed + i
 
-        def evaluate_now() -> tuple[np.ndarray, np.ndarray]:
-            """Evaluate on the statistics the agent learnt so far (also what model.pt keeps)."""
-            agent.env_state = stream_env_state(env)
-            return evaluate(agent, config.env_id, config.eval_episodes, eval_seed)
+            def evaluate_now() -> tuple[np.ndarray, np.ndarray]:
+                """Evaluate on the statistics the agent learnt so far (also what model.pt keeps)."""
+                agent.env_state = stream_env_state(env)
+                return evaluate(agent, config.env_id, config.eval_episodes, eval_seed)
 
-        run.start(config.env_id, agent, evaluate_now, numpy_rng=agent.rng,
-                  state={"env": (lambda: stream_env_state(env), lambda saved: load_stream_env_state(env, saved))},
-                  video=VideoSource(lambda: frozen_stream_env(stream_env_for(config, rendering=True), agent.env_state),
-                                    lambda obs: agent.act(obs, deterministic=True), eval_seed))
-        obs, _ = env.reset(seed=config.seed + run.step)
-        agent.start_episode()  # a checkpoint's mid-episode trace does not belong to this new episode
-        episode_cost = 0.0
-        with run:
+            run.start(config.env_id, agent, evaluate_now, numpy_rng=agent.rng,
+                      state={"env": (lambda: stream_env_state(env), lambda saved: load_stream_env_state(env, saved))},
+                      video=VideoSource(
+                          lambda: frozen_stream_env(stream_env_for(config, rendering=True), agent.env_state),
+                          lambda obs: agent.act(obs, deterministic=True), eval_seed))
+            obs, _ = env.reset(seed=config.seed + run.step)
+            agent.start_episode()  # a checkpoint's mid-episode trace does not belong to this new episode
+            episode_cost = 0.0
             for _ in run.steps():
                 action = agent.act(obs)
                 next_obs, reward, terminated, truncated, info = env.step(action)

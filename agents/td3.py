@@ -331,42 +331,43 @@ def train(config: TD3Config) -> TrainResult:
     --num-seeds in its own run directory; the first seed's result is returned)."""
     run = SeedRuns(resolve(config) if config.resume is None else config, ALGO, validate, total="total_timesteps")
     config = run.config
-    # one vector env per seed; a resumed run starts fresh episodes: envs are reseeded from the step they resume at
-    env = run.group(lambda seed: make_vec_env(config.env_id, config.num_envs, seed + run.step, config.env_backend))
-    require_box_actions(env, "TD3")
-    obs_dim = int(np.prod(env.single_observation_space.shape))
-    low, high = env.single_action_space.low, env.single_action_space.high
-    agent = run.agent(lambda: TD3(obs_dim, low, high, config)).to(config.device)  # a seed axis for several seeds
-    buffer = run.group(lambda seed: ReplayBuffer(config.buffer_size, (obs_dim,), low.shape, config.num_envs,
-                                                 config.device, config.n_step, config.gamma, seed=seed))
-    action_rng = run.numpy_rng()
-    # evaluation episode i of a seed is seeded eval_seed + i (SeedRuns gives each seed its own)
-    run.start(config.env_id, agent, numpy_rng=action_rng, replay=buffer,
-              evaluate=lambda agent, eval_seed: evaluate(agent, config.env_id, config.eval_episodes, eval_seed),
-              video=lambda agent, eval_seed: gym_video(config.env_id, lambda obs: agent.act(obs, deterministic=True),
-                                                       eval_seed))
-    if run.resumed and agent.reward_scaler is not None:
-        agent.reward_scaler.reset_returns()  # the return trace of the interrupted episodes
+    with run:  # from here on, a failure releases the run's lock, threads and signals
+        # one vector env per seed; a resumed run starts fresh episodes: envs are reseeded from the step they resume at
+        env = run.group(lambda seed: make_vec_env(config.env_id, config.num_envs, seed + run.step, config.env_backend))
+        require_box_actions(env, "TD3")
+        obs_dim = int(np.prod(env.single_observation_space.shape))
+        low, high = env.single_action_space.low, env.single_action_space.high
+        agent = run.agent(lambda: TD3(obs_dim, low, high, config)).to(config.device)  # a seed axis for several seeds
+        buffer = run.group(lambda seed: ReplayBuffer(config.buffer_size, (obs_dim,), low.shape, config.num_envs,
+                                                     config.device, config.n_step, config.gamma, seed=seed))
+        action_rng = run.numpy_rng()
+        # evaluation episode i of a seed is seeded eval_seed + i (SeedRuns gives each seed its own)
+        run.start(config.env_id, agent, numpy_rng=action_rng, replay=buffer,
+                  evaluate=lambda agent, eval_seed: evaluate(agent, config.env_id, config.eval_episodes, eval_seed),
+                  video=lambda agent, eval_seed: gym_video(
+                      config.env_id, lambda obs: agent.act(obs, deterministic=True), eval_seed))
+        if run.resumed and agent.reward_scaler is not None:
+            agent.reward_scaler.reset_returns()  # the return trace of the interrupted episodes
 
-    obs, _ = env.reset()
-    with run, env:
-        for global_step in run.steps(config.num_envs):
-            if config.normalize_obs:
-                agent.obs_norm.update(torch.as_tensor(obs))
-            if global_step < config.learning_starts:
-                # (N, A); a seed group's generators draw one (N, A) block per seed: (S, N, A)
-                actions = action_rng.uniform(low, high, (config.num_envs, *low.shape)).astype(np.float32)
-            else:
-                actions = agent.act(obs)
-            next_obs, rewards, terminated, truncated, info = env.step(actions)
-            buffer.add(obs, actions, rewards, info["final_obs"], terminated, truncated)
-            if agent.reward_scaler is not None:
-                agent.reward_scaler.update(rewards, terminated | truncated)
-            obs = next_obs
-            run.record_episodes(info)
-            if global_step >= config.learning_starts:
-                for _ in range(config.num_envs * config.utd):
-                    run.log(agent.update(buffer.sample(config.batch_size)))
+        obs, _ = env.reset()
+        with env:
+            for global_step in run.steps(config.num_envs):
+                if config.normalize_obs:
+                    agent.obs_norm.update(torch.as_tensor(obs))
+                if global_step < config.learning_starts:
+                    # (N, A); a seed group's generators draw one (N, A) block per seed: (S, N, A)
+                    actions = action_rng.uniform(low, high, (config.num_envs, *low.shape)).astype(np.float32)
+                else:
+                    actions = agent.act(obs)
+                next_obs, rewards, terminated, truncated, info = env.step(actions)
+                buffer.add(obs, actions, rewards, info["final_obs"], terminated, truncated)
+                if agent.reward_scaler is not None:
+                    agent.reward_scaler.update(rewards, terminated | truncated)
+                obs = next_obs
+                run.record_episodes(info)
+                if global_step >= config.learning_starts:
+                    for _ in range(config.num_envs * config.utd):
+                        run.log(agent.update(buffer.sample(config.batch_size)))
     return run.result()
 
 

@@ -283,39 +283,41 @@ def train(config: WSRLConfig) -> TrainResult:
         config, pretrained, dataset = start_from_pretrained(config)
     run = Run(config, ALGO, validate, total="total_timesteps")
     config = run.config
-    env = make_vec_env(config.env_id, 1, config.seed + run.step)  # resumed runs start fresh episodes
-    require_box_actions(env, "WSRL")
-    obs_dim = int(np.prod(env.single_observation_space.shape))
-    low, high = env.single_action_space.low, env.single_action_space.high
-    agent = WSRL(obs_dim, low, high, config)
-    if pretrained is not None:
-        check_sizes(pretrained, obs_dim, low, config, env)
-        checkpoint = Path(config.pretrained) / CHECKPOINT_FILE
-        optimizers = read_checkpoint(checkpoint, None)["agent"]["optimizers"] if config.load_optimizers else None
-        agent.load_pretrained(pretrained["networks"], optimizers)
-    agent.to(config.device)
-    buffer = ReplayBuffer(config.buffer_size, (obs_dim,), low.shape, 1, config.device, gamma=config.gamma,
-                          seed=config.seed)
-    learning_starts = max(config.warmup_steps, config.batch_size)
-    eval_seed = evaluation_seed(config.seed, config.eval_episodes)  # evaluation episode i is seeded eval_seed + i
-    if dataset is None:
-        dataset = json.loads((Path(run.dir) / DATASET_FILE).read_text())
-    run.start(config.env_id, agent, evaluate=lambda: evaluate(agent, config.env_id, config.eval_episodes, eval_seed),
-              replay=buffer, reference_returns=dataset["ref_scores"], files={DATASET_FILE: json.dumps(dataset)},
-              video=gym_video(config.env_id, lambda obs: agent.act(obs, deterministic=True), eval_seed))
-    if not run.resumed:
-        run.log_evaluation()  # the pre-trained policy, at online step 0
+    with run:  # from here on, a failure releases the run's lock, threads and signals
+        env = make_vec_env(config.env_id, 1, config.seed + run.step)  # resumed runs start fresh episodes
+        require_box_actions(env, "WSRL")
+        obs_dim = int(np.prod(env.single_observation_space.shape))
+        low, high = env.single_action_space.low, env.single_action_space.high
+        agent = WSRL(obs_dim, low, high, config)
+        if pretrained is not None:
+            check_sizes(pretrained, obs_dim, low, config, env)
+            checkpoint = Path(config.pretrained) / CHECKPOINT_FILE
+            optimizers = read_checkpoint(checkpoint, None)["agent"]["optimizers"] if config.load_optimizers else None
+            agent.load_pretrained(pretrained["networks"], optimizers)
+        agent.to(config.device)
+        buffer = ReplayBuffer(config.buffer_size, (obs_dim,), low.shape, 1, config.device, gamma=config.gamma,
+                              seed=config.seed)
+        learning_starts = max(config.warmup_steps, config.batch_size)
+        eval_seed = evaluation_seed(config.seed, config.eval_episodes)  # evaluation episode i is seeded eval_seed + i
+        if dataset is None:
+            dataset = json.loads((Path(run.dir) / DATASET_FILE).read_text())
+        run.start(config.env_id, agent, replay=buffer, reference_returns=dataset["ref_scores"],
+                  evaluate=lambda: evaluate(agent, config.env_id, config.eval_episodes, eval_seed),
+                  files={DATASET_FILE: json.dumps(dataset)},
+                  video=gym_video(config.env_id, lambda obs: agent.act(obs, deterministic=True), eval_seed))
+        if not run.resumed:
+            run.log_evaluation()  # the pre-trained policy, at online step 0
 
-    obs, _ = env.reset()
-    with run, env:
-        for global_step in run.steps():
-            actions = agent.act(obs)  # the policy's samples, from the pre-trained policy on in the warm-up
-            next_obs, rewards, terminated, truncated, info = env.step(actions)
-            buffer.add(obs, actions, rewards, info["final_obs"], terminated, truncated)
-            obs = next_obs
-            run.record_episodes(info)
-            if global_step >= learning_starts:
-                run.log(agent.update(buffer.sample(config.batch_size)))
+        obs, _ = env.reset()
+        with env:
+            for global_step in run.steps():
+                actions = agent.act(obs)  # the policy's samples, from the pre-trained policy on in the warm-up
+                next_obs, rewards, terminated, truncated, info = env.step(actions)
+                buffer.add(obs, actions, rewards, info["final_obs"], terminated, truncated)
+                obs = next_obs
+                run.record_episodes(info)
+                if global_step >= learning_starts:
+                    run.log(agent.update(buffer.sample(config.batch_size)))
     return run.result()
 
 

@@ -622,11 +622,15 @@ class LocalWorkers:
         """After a Ctrl-C or SIGTERM: every running job with its outcome, once its agent has checkpointed and
         stopped. The agents are sent SIGTERM (a Ctrl-C at a terminal reached them already, and they ignore the
         second signal; a signal sent to the leaderboard's process alone did not)."""
-        for process in list(self.processes):
-            if process.poll() is None:
-                process.send_signal(signal.SIGTERM)
-        done, _ = concurrent.futures.wait(self.running)
-        return [(self.running.pop(future), future.result()) for future in done]
+        signalled: set[subprocess.Popen] = set()
+        while True:  # (an agent whose process was starting as the stop came is signalled once it is there)
+            for process in list(self.processes):
+                if process not in signalled and process.poll() is None:
+                    process.send_signal(signal.SIGTERM)
+                    signalled.add(process)
+            done, pending = concurrent.futures.wait(self.running, timeout=0.5)
+            if not pending:
+                return [(self.running.pop(future), future.result()) for future in done]
 
     def __exit__(self, *_: Any) -> None:
         self.pool.shutdown(wait=True)  # on Ctrl-C the running agents got it too: wait for their checkpoints
@@ -648,6 +652,7 @@ class RayWorkers:
 
     def __enter__(self) -> RayWorkers:
         self.started_here = not self.ray.is_initialized()
+        handler = signal.getsignal(signal.SIGTERM)  # ray.init installs its own (sys.exit); the leaderboard's stays
         if self.started_here:
             if self.address == "local":
                 self.ray.init(num_cpus=self.workers, include_dashboard=False, log_to_driver=False)
@@ -657,6 +662,8 @@ class RayWorkers:
                 except ConnectionError as err:
                     raise ValueError(f"--ray {self.address}: no Ray cluster answers there ({str(err).splitlines()[0]}); "
                                      f"start one (ray start --head) or use --ray local.") from None
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, handler)
         self.remote_run = self.ray.remote(num_cpus=1)(run_agent_process)
         return self
 
@@ -997,11 +1004,14 @@ class StopAsInterrupt:
 
     def __init__(self):
         self.received = signal.SIGINT
+        self._stopping = False
         self._previous = signal.signal(signal.SIGTERM, self._interrupt) if (
             threading.current_thread() is threading.main_thread()) else None
 
     def _interrupt(self, signum: int, frame: Any) -> None:
-        self.received = signum
+        if self._stopping:  # a second SIGTERM while the cells stop: ignored, so their attempts are recorded
+            return
+        self.received, self._stopping = signum, True
         raise KeyboardInterrupt
 
     def restore(self) -> None:
@@ -1041,8 +1051,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {err}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print(f"{signal_name(stop.received)}: stopped (the cells that were running wrote their checkpoints); run the "
-              f"same command again to resume the unfinished cells", file=sys.stderr)
+        print(f"{signal_name(stop.received)}: stopped; run the same command again to resume the unfinished cells from "
+              f"their last checkpoints", file=sys.stderr)
         return 128 + stop.received
     finally:
         stop.restore()

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import difflib
 import os
+import traceback
 from collections.abc import Callable
 from typing import Any
 
@@ -48,7 +49,8 @@ def make_gym_env(env_id: str, **env_kwargs: Any) -> gym.Env:
         raise ValueError(f"{env_id} needs a package that is not installed here: {err}") from None
     except (ImportError, AttributeError) as err:  # PyOpenGL fails on import (AttributeError) without the library
         backend = os.environ.get("MUJOCO_GL")
-        if backend is None:
+        frames = traceback.extract_tb(err.__traceback__)
+        if backend is None or not any("OpenGL" in frame.filename or "mujoco" in frame.filename for frame in frames):
             raise
         raise ValueError(f"{env_id}: MUJOCO_GL={backend}, and that OpenGL backend does not load here "
                          f"({type(err).__name__}: {str(err).splitlines()[0]}): install it (EGL: apt install libegl1; "

@@ -472,7 +472,7 @@ def test_sigterm_to_the_leaderboard_stops_its_agents_with_their_checkpoints(tmp_
         time.sleep(0.05)
     leader.send_signal(signal.SIGTERM)
     assert leader.wait(timeout=60) == 128 + signal.SIGTERM
-    assert "SIGTERM: stopped (the cells that were running wrote their checkpoints)" in leader.stderr.read()
+    assert "SIGTERM: stopped; run the same command again to resume the unfinished cells" in leader.stderr.read()
     state, run_dir = cell.state()
     assert state == "resume"  # the agent checkpointed as it stopped
     (attempt,) = cell.record()["attempts"]

@@ -3,6 +3,8 @@ environment — and never keeps as the last good checkpoint one whose weights ar
 
 from __future__ import annotations
 
+import signal
+
 import numpy as np
 import pytest
 import torch
@@ -47,6 +49,7 @@ def test_non_finite_actions_blame_the_agent_not_the_environment(tmp_path, monkey
                    f"in sub-env(s) [0]: the agent diverged, not the environment (see losses/* in TensorBoard; a new run "
                    f"with lower learning rates may not diverge). (global step 351). Training stopped; the checkpoint of "
                    f"step 200 in {run_dir} is kept (--resume {run_dir} continues from it).\n")
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # the run's handlers are gone with it
 
 
 def train_iql(data, runs_dir, monkeypatch, poison_at: int, poison, **options) -> int:

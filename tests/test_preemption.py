@@ -25,6 +25,7 @@ from keelrl.agents.harness.checkpoints import BUFFER_FILE, CHECKPOINT_FILE, NEXT
 from keelrl.agents.harness.options import run_cli
 from keelrl.agents.harness.run_directory import RunDirLock
 from keelrl.buffers import ReplayBuffer
+from keelrl.envs import VecEnv
 
 REPO = Path(__file__).resolve().parents[1]
 SAC_ARGS = ["--env-id", "InvertedPendulum-v5", "--learning-starts", "200", "--batch-size", "32",
@@ -363,7 +364,34 @@ def test_a_resume_that_fails_lets_the_run_be_resumed_again(tmp_path, monkeypatch
     with pytest.raises(ValueError, match="damaged"):  # failed while starting
         sac.train(sac.SACConfig(resume=str(run_dir), quiet=True))
     monkeypatch.undo()
+
+    def no_env(*args, **kwargs):
+        raise ValueError("no env")
+
+    monkeypatch.setattr(sac, "make_vec_env", no_env)
+    torch.set_num_threads(3)
+    with pytest.raises(ValueError, match="no env"):  # failed between the run's making and its start
+        sac.train(sac.SACConfig(resume=str(run_dir), quiet=True))
+    assert torch.get_num_threads() == 3  # the caller's, given back
+    monkeypatch.undo()
+    torch.set_num_threads(1)
+
+    def reset_fails(env, *args, **kwargs):
+        raise ValueError("reset failed")
+
+    monkeypatch.setattr(VecEnv, "reset", reset_fails)
+    with pytest.raises(ValueError, match="reset failed"):  # failed between the start and the loop
+        sac.train(sac.SACConfig(resume=str(run_dir), quiet=True))
+    monkeypatch.undo()
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # Ctrl-C works again in this process
     assert resume(run_dir) == 0
+
+
+def test_resume_of_a_directory_that_is_not_a_run_leaves_it_as_it_was(tmp_path, capsys):
+    """It made run.lock there before saying the directory was not a run."""
+    assert run_cli(sac.train, sac.SACConfig, ["--resume", str(tmp_path), "--quiet"]) == 2
+    assert "not a keelrl run directory with a checkpoint" in capsys.readouterr().err
+    assert not any(tmp_path.iterdir())
 
 
 def test_a_signal_while_the_run_starts_stops_it_after_its_first_step_with_a_checkpoint(tmp_path, monkeypatch, capsys):

@@ -360,6 +360,8 @@ def test_act_takes_any_array_like_batch_and_refuses_another_shape_in_one_line(al
     expected = agent.act(obs, deterministic=True)
     for same in (obs.tolist(), obs.astype(np.float64), torch.from_numpy(obs)):
         np.testing.assert_allclose(agent.act(same, deterministic=True), expected, rtol=1e-6)
+    bf16 = torch.from_numpy(obs).bfloat16()  # a tensor numpy cannot hold (as a CUDA one): taken as torch takes it
+    np.testing.assert_allclose(agent.act(bf16, deterministic=True), expected, atol=0.05)
     for shape in ((4,), (2, 5)):
         with pytest.raises(ValueError, match=rf"^{algo} acts on a batch of observations \(B, obs_dim\): obs\[None\] "
                                              rf"for one observation, obs_dim 4 here; got shape {re.escape(str(shape))}"):

@@ -140,16 +140,25 @@ def test_an_env_that_cannot_be_made_here_says_why_in_one_line(monkeypatch):
     object has no attribute 'glGetError'); a missing package was called an unknown environment id."""
     import gymnasium as gym
 
-    def opengl_missing(env_id, **kwargs):
-        raise AttributeError("'NoneType' object has no attribute 'glGetError'")
-
-    monkeypatch.setattr(gym, "make", opengl_missing)
+    pyopengl = {}  # a stand-in raising from PyOpenGL's file, as the real import does
+    exec(compile("def opengl_missing(env_id, **kwargs):\n"
+                 "    raise AttributeError(\"'NoneType' object has no attribute 'glGetError'\")\n",
+                 "site-packages/OpenGL/raw/GL/_errors.py", "exec"), pyopengl)
+    monkeypatch.setattr(gym, "make", pyopengl["opengl_missing"])
     monkeypatch.setenv("MUJOCO_GL", "osmesa")
     with pytest.raises(ValueError, match=r"^Hopper-v5: MUJOCO_GL=osmesa, and that OpenGL backend does not load here "
                                          r"\(AttributeError: 'NoneType' object has no attribute 'glGetError'\)"):
         make_vec_env("Hopper-v5")
     monkeypatch.delenv("MUJOCO_GL")
-    with pytest.raises(AttributeError):  # not a GL backend's: a bug, with its traceback
+    with pytest.raises(AttributeError):  # without MUJOCO_GL: not a backend's doing, so its own traceback
+        make_vec_env("Hopper-v5")
+
+    def a_bug(env_id, **kwargs):
+        raise AttributeError("'Env' object has no attribute 'foo'")
+
+    monkeypatch.setattr(gym, "make", a_bug)
+    monkeypatch.setenv("MUJOCO_GL", "egl")
+    with pytest.raises(AttributeError, match="foo"):  # not from OpenGL or MuJoCo: its own traceback too
         make_vec_env("Hopper-v5")
 
     def mujoco_missing(env_id, **kwargs):

@@ -222,16 +222,17 @@ class SavedAgent(nn.Module):
         return {"algo": self.algo, "config": dataclasses.asdict(self.config), "obs_dim": self.obs_dim,
                 "networks": self.state_dict(), "num_updates": self.num_updates}
 
-    def observation_batch(self, obs: Any) -> np.ndarray:
-        """`obs` (a numpy array, a list, a CPU tensor) as the array of observations (B, obs_dim) `act` takes (a seed
-        group's (S, B, obs_dim)); another shape is refused in one line, where it met torch's matmul error deep in the
-        networks."""
-        obs = np.asarray(obs)
+    def observation_batch(self, obs: Any) -> np.ndarray | torch.Tensor:
+        """`obs` as the observations (B, obs_dim) `act` takes (a seed group's (S, B, obs_dim)): a numpy array or a
+        tensor as it is, anything else (a list) as a numpy array; another shape is refused in one line, where it met
+        torch's matmul error deep in the networks."""
+        if not isinstance(obs, (np.ndarray, torch.Tensor)):
+            obs = np.asarray(obs)
         dims = 3 if getattr(self, "num_seeds", 1) > 1 else 2
         if obs.ndim != dims or obs.shape[-1] != self.obs_dim:
             batch = "(S, B, obs_dim) for S seeds" if dims == 3 else "(B, obs_dim): obs[None] for one observation"
             raise ValueError(f"{self.algo} acts on a batch of observations {batch}, obs_dim {self.obs_dim} here; got "
-                             f"shape {obs.shape}.")
+                             f"shape {tuple(obs.shape)}.")
         return obs
 
     @classmethod

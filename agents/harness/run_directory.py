@@ -49,14 +49,14 @@ class RunDirLock:
     """An exclusive lock on run directories (a run's, or a seed group's), held from the moment a run starts or
     resumes until it ends, so that a second process resuming a run one still trains, or two processes resuming one
     at once, is refused in one line instead of both writing its checkpoints and logs. The operating system drops
-    the lock when the process ends, by kill -9 too (flock on run.lock; none on Windows). A directory that does not
-    exist is skipped (resuming says so)."""
+    the lock when the process ends, by kill -9 too (flock on run.lock; none on Windows). A directory that is not a
+    run's (no config.json) is skipped, and left as it was: resuming says what it lacks."""
 
     def __init__(self, run_dirs: list[Path]):
         self._files: list[Any] = []
         try:
             for run_dir in run_dirs:
-                if run_dir.is_dir():
+                if (run_dir / CONFIG_FILE).is_file():
                     self.add(run_dir)
         except BaseException:
             self.release()
@@ -64,8 +64,13 @@ class RunDirLock:
 
     def add(self, run_dir: Path) -> None:
         """Lock one more directory (a new run's, once it is made)."""
-        if fcntl is not None:
-            self._files.append(_lock_directory(run_dir))
+        if fcntl is None:
+            return
+        try:
+            file = open(run_dir / LOCK_FILE, "a+")
+        except OSError:  # a directory this process cannot write: resuming there fails on its own, in one line
+            return
+        self._files.append(_lock(file, run_dir))
 
     def release(self) -> None:
         for file in self._files:
@@ -73,9 +78,9 @@ class RunDirLock:
         self._files = []
 
 
-def _lock_directory(run_dir: Path) -> Any:
-    """run_dir/run.lock, open and locked, naming this process; refused in one line if another process holds it."""
-    file = open(run_dir / LOCK_FILE, "a+")
+def _lock(file: Any, run_dir: Path) -> Any:
+    """`file` (run_dir/run.lock, open) locked, naming this process; refused in one line if another process holds
+    it."""
     try:
         fcntl.flock(file, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:

@@ -28,7 +28,7 @@ import numpy as np
 import torch
 
 from keelrl.agents.harness.checkpoints import SavedAgent, settle_checkpoints, write_atomically
-from keelrl.agents.harness.loop import Lockstep, Run, Saved, TrainResult
+from keelrl.agents.harness.loop import Lockstep, NonFinite, Run, Saved, TrainResult
 from keelrl.agents.harness.options import evaluation_seed, given_options
 from keelrl.agents.harness.run_directory import RunDirLock
 from keelrl.agents.harness.stopping import RunStopped
@@ -203,10 +203,16 @@ class SeedRuns:
         return self
 
     def __exit__(self, *exc_info) -> None:
-        for run in reversed(self.runs):
-            run.__exit__(*exc_info)
-        self._lockstep.stop_signals.__exit__()
+        raised = None
+        for run in reversed(self.runs):  # every run closes its logs, even when one says what went non-finite
+            try:
+                run.__exit__(*exc_info)
+            except NonFinite as err:  # the env's FloatingPointError, as each run words it: the first seed's is raised
+                raised = err
+        self._lockstep.stop_signals.__exit__()  # (a NonFinite used to skip these, leaving the handlers installed)
         self._lock.release()
+        if raised is not None:
+            raise raised from None
 
     def steps(self, per_iteration: int = 1) -> Iterator[int]:
         """`Run.steps` of every seed in lockstep; after a stop signal every seed checkpoints before the stop. The
