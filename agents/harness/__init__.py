@@ -20,10 +20,10 @@ The loop contract, in ten lines (agents/iql.py and agents/stream_q.py have it wh
 `SeedRuns`, which takes --num-seeds; loop.py says what happens between iterations):
 
     run = Run(config, "sac", validate, total="total_timesteps")   # the config (under --resume, the saved one)
-    env, agent, buffer = ...                                      # built from run.config
-    run.start(config.env_id, agent, evaluate=lambda: evaluate(agent, ...), numpy_rng=rng, replay=buffer)
-    obs, _ = env.reset()                                          # (start restored a resumed run, opened the logs)
-    with run:                                                     # holds SIGTERM and Ctrl-C; closes the logs
+    with run:                                                     # at its end: logs closed, lock and signals freed
+        env, agent, buffer = ...                                  # built from run.config
+        run.start(config.env_id, agent, evaluate=lambda: evaluate(agent, ...), numpy_rng=rng, replay=buffer)
+        obs, _ = env.reset()                                      # (start restored a resumed run, held the signals)
         for global_step in run.steps(config.num_envs):            # logs, evaluates, checkpoints between iterations
             next_obs, rewards, terminated, truncated, info = env.step(agent.act(obs))
             ...                                                   # store; run.log(agent.update(batch))

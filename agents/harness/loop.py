@@ -126,7 +126,7 @@ class Run:
             self.config, self.dir, self.checkpoint = start_or_resume(config, algo, validate, total,
                                                                      keep_from_command_line, checkpoint_keys)
         except BaseException:
-            self.release_lock()
+            self._release_lock()
             raise
         self.algo, self.total, self.unit = algo, getattr(self.config, total), UNITS[total]
         self.step = self.start_step = 0 if self.checkpoint is None else int(self.checkpoint["global_step"])
@@ -166,9 +166,10 @@ class Run:
               files: dict[str, str] | None = None, video: VideoSource | None = None) -> None:
         """Say what the run checkpoints and how it evaluates, restore it all when resuming (a damaged checkpoint:
         one line naming it), then make (or reopen) the run directory runs_dir/{name}__{algo}__{seed}__{time} with
-        config.json and `files`, and start the logs, W&B (--track), the progress and the clock. From here on a stop
-        signal is held (`StopSignals`) until the run's `with` block ends: one that comes before the loop stops the
-        run after its first step, with a checkpoint.
+        config.json and `files`, and start the logs, W&B (--track), the progress and the clock. Called inside the
+        run's `with` block, whose end (a failure here included) releases what the run holds. From here on a stop
+        signal is held (`StopSignals`): one that comes before the loop stops the run after its first step, with a
+        checkpoint.
 
         agent: has `training_state()`, `load_training_state(state)` and `save(path)`.
         evaluate: plays the evaluation episodes; their returns and costs (None: no costs).
@@ -183,26 +184,6 @@ class Run:
         self._reference_returns = reference_returns
         if self._lockstep is None:  # held from before the run directory is made: a stop now checkpoints too
             self._stop_signals.__enter__()
-        try:
-            self._prepare(name, video, files or {})
-            if self.config.track:
-                self._wandb = start_wandb(self.config, self.algo, self.dir)  # before the TensorBoard writer it follows
-        except BaseException:
-            self.release_lock()  # a caller that catches this error can resume the run again
-            if self._lockstep is None:
-                self._stop_signals.__exit__()
-            raise
-        # a resumed run killed after its last checkpoint, before model.pt, is finished again
-        self.logger = RunLogger(self.dir, self.step if self.resumed else None, refinish=self.resumed and self.done)
-        self.recent_evaluation = self.logger.last_evaluation  # a resumed run's progress shows it from the start
-        self.progress = Progress(self.algo, self.unit, self.total, self.step, self.config.quiet,
-                                 self.config.progress_seconds)
-        self._start_time = time.perf_counter()
-        self._clock.restart()
-
-    def _prepare(self, name: str, video: VideoSource | None, files: dict[str, str]) -> None:
-        """What `start` does before the logs: restore a resumed run, check --track and --capture-video, and make a
-        new run's directory (locked) with config.json and `files`."""
         if self.resumed:
             self._restore()
         if self.config.track:
@@ -216,12 +197,21 @@ class Run:
             if self._lock is not None:
                 self._lock.add(self.dir)
             save_config(self.dir, self.algo, self.config)
-            for file_name, text in files.items():
+            for file_name, text in (files or {}).items():
                 (self.dir / file_name).write_text(text)
+        if self.config.track:
+            self._wandb = start_wandb(self.config, self.algo, self.dir)  # before the TensorBoard writer it follows
+        # a resumed run killed after its last checkpoint, before model.pt, is finished again
+        self.logger = RunLogger(self.dir, self.step if self.resumed else None, refinish=self.resumed and self.done)
+        self.recent_evaluation = self.logger.last_evaluation  # a resumed run's progress shows it from the start
+        self.progress = Progress(self.algo, self.unit, self.total, self.step, self.config.quiet,
+                                 self.config.progress_seconds)
+        self._start_time = time.perf_counter()
+        self._clock.restart()
 
-    def release_lock(self) -> None:
+    def _release_lock(self) -> None:
         """Let another process (or a later call in this one) resume the run: at its end, or when it failed to
-        start."""
+        begin."""
         if self._lock is not None:
             self._lock.release()
 
@@ -248,7 +238,7 @@ class Run:
             self.logger.close()
         if self._wandb is not None:
             self._wandb.finish()
-        self.release_lock()
+        self._release_lock()
         torch.set_num_threads(self._threads_before)
         if isinstance(exc, FloatingPointError) and not isinstance(exc, NonFinite):  # from the env or its wrappers
             raise NonFinite(f"{exc} (global step {self.step}). {self._kept()}") from None

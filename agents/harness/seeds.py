@@ -3,13 +3,15 @@ directory, config.json with its seed, logs, evaluations, checkpoints and model.p
 alone), stepped in lockstep, while the agent trains them as one batched network (keelrl.networks.seeds).
 
     runs = SeedRuns(config, "sac", validate, total="total_timesteps")        # one seed: a plain Run inside
-    env = runs.group(lambda seed: make_vec_env(..., seed + runs.step))      # VecEnv, or SeedEnvs for S seeds
-    agent = runs.agent(lambda: SAC(...))                                     # stacked along a seed axis for S
-    buffer = runs.group(lambda seed: ReplayBuffer(..., seed=seed))          # ReplayBuffer, or SeedReplay
-    runs.start(env_id, agent, evaluate=lambda agent, eval_seed: ..., numpy_rng=runs.numpy_rng(), replay=buffer)
+    with runs:
+        env = runs.group(lambda seed: make_vec_env(..., seed + runs.step))  # VecEnv, or SeedEnvs for S seeds
+        agent = runs.agent(lambda: SAC(...))                                 # stacked along a seed axis for S
+        buffer = runs.group(lambda seed: ReplayBuffer(..., seed=seed))      # ReplayBuffer, or SeedReplay
+        runs.start(env_id, agent, evaluate=lambda agent, eval_seed: ..., numpy_rng=runs.numpy_rng(), replay=buffer)
 
 (PPO groups RolloutBuffers into SeedRollouts instead, and gives `start` what each seed's checkpoint keeps besides:
-`state=lambda i: {...}`, with `runs.part(rollout, i)`, seed i's own rollout), then the loop of `Run` (steps,
+`state=lambda i: {...}`, with `runs.part(rollout, i)`, seed i's own rollout), then, still in the `with` block, the
+loop of `Run` (steps,
 record_episodes, log, result). With one seed every call goes straight to the one `Run`, and the objects are the
 single-seed ones: the run is the run it always was. `--resume` of any seed's directory resumes all S (each
 directory's seeds.json names the others).
@@ -167,35 +169,25 @@ class SeedRuns:
         `state(i)`: what seed i's checkpoint keeps besides (`Run.start`'s `state`; `part` gives each seed's own env
         or rollout); each seed's checkpoint also keeps its torch generator."""
         self._lockstep.stop_signals.__enter__()  # held from before the directories are made (`Run.start`)
-        try:
-            self._start_runs(name, agent, evaluate, numpy_rng, replay, state, video)
-        except BaseException:
-            self._lock.release()  # a caller that catches this error can resume the group again
-            self._lockstep.stop_signals.__exit__()
-            raise
-        if not self.resumed:
-            for run in self.runs:
-                self._lock.add(run.dir)
-
-    def _start_runs(self, name: str, agent: SavedAgent, evaluate: Callable[[SavedAgent, int], tuple],
-                    numpy_rng: np.random.Generator | SeedGenerators, replay: ReplayBuffer | SeedReplay | None,
-                    state: Callable[[int], dict[str, Saved]] | None, video: Callable[[SavedAgent, int], Any] | None,
-                    ) -> None:
         eval_seeds = [evaluation_seed(seed, self.config.eval_episodes) for seed in self.seeds]
         if len(self.runs) == 1:
             run, eval_seed = self.runs[0], eval_seeds[0]
             run.start(name, agent, evaluate=lambda: evaluate(agent, eval_seed), numpy_rng=numpy_rng, replay=replay,
                       state=None if state is None else state(0),
                       video=None if video is None else video(agent, eval_seed))
-            return
-        restored: dict[int, dict] = {}
-        for i, (run, eval_seed) in enumerate(zip(self.runs, eval_seeds)):
-            view, generator = SeedView(agent, i, run.config, restored), agent.random.generators[i]
-            saved = {"torch_generator": (generator.get_state, generator.set_state), **(state(i) if state else {})}
-            run.start(name, view, evaluate=lambda view=view, eval_seed=eval_seed: evaluate(view.snapshot(), eval_seed),
-                      numpy_rng=numpy_rng.generators[i], replay=None if replay is None else replay.buffers[i],
-                      state=saved, video=None if video is None else video(_Latest(view), eval_seed))
-        write_seeds_files([run.dir for run in self.runs])
+        else:
+            restored: dict[int, dict] = {}
+            for i, (run, eval_seed) in enumerate(zip(self.runs, eval_seeds)):
+                view, generator = SeedView(agent, i, run.config, restored), agent.random.generators[i]
+                saved = {"torch_generator": (generator.get_state, generator.set_state), **(state(i) if state else {})}
+                run.start(name, view, numpy_rng=numpy_rng.generators[i],
+                          evaluate=lambda view=view, eval_seed=eval_seed: evaluate(view.snapshot(), eval_seed),
+                          replay=None if replay is None else replay.buffers[i], state=saved,
+                          video=None if video is None else video(_Latest(view), eval_seed))
+            write_seeds_files([run.dir for run in self.runs])
+        if not self.resumed:  # a new group's directories, made just now
+            for run in self.runs:
+                self._lock.add(run.dir)
 
     def __enter__(self) -> SeedRuns:
         for run in self.runs:
