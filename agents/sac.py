@@ -360,9 +360,13 @@ class SAC(SavedAgent):
         with frozen(self.critic):  # the actor loss needs gradients w.r.t. actions only
             actor_loss, log_prob = self._actor_loss(obs, noise)  # a seed group: (S,), (S, B)
         optimizer_step(self.optimizers["actor"], actor_loss, self.actor)
-        losses = {"losses/actor_loss": actor_loss.detach(), "losses/alpha": self.alpha}
+        return {"losses/actor_loss": actor_loss.detach(), **self.update_alpha(log_prob)}
+
+    def update_alpha(self, log_prob: torch.Tensor) -> dict[str, torch.Tensor]:
+        """With --autotune, one step of −α (log π(a|s) + target_entropy) on the detached log-probs (B,) of the actor
+        step just taken, as SB3 does (CleanRL resamples them); α per seed. Logs α as it was during that step."""
+        losses = {"losses/alpha": self.alpha}
         if self.config.autotune:
-            # the log-probs of this actor step, detached, as SB3 does (CleanRL resamples them); α per seed
             alpha_loss = -(self.log_alpha.exp().unsqueeze(-1) * (log_prob + self.target_entropy)).mean(-1)
             optimizer_step(self.optimizers["alpha"], alpha_loss, self.log_alpha)
             losses["losses/alpha_loss"] = alpha_loss.detach()

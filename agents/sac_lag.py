@@ -42,7 +42,7 @@ from keelrl.agents.sac import validate as validate_sac
 from keelrl.buffers import Batch, ReplayBuffer
 from keelrl.envs import make_vec_env, require_box_actions
 from keelrl.envs.video import gym_video
-from keelrl.networks import frozen, loss_function
+from keelrl.networks import frozen, loss_function, optimizer_step, soft_update
 
 ALGO = "sac_lag"
 __all__ = ["SACLag", "SACLagConfig", "train", "evaluate"]
@@ -81,9 +81,15 @@ class SACLag(SAC):
         return {**super().learn(batch), "losses/lagrange_multiplier": self.lagrange.value.clone()}
 
     def learn_step(self, batch: Batch, actor_step: bool, target_step: bool) -> dict[str, torch.Tensor]:
-        """SAC's update step (with the Lagrangian actor loss below), then one cost critic step on a' ~ π(·|s') of
-        the actor it left (with --cudagraphs, both recorded in one graph)."""
-        losses = super().learn_step(batch, actor_step, target_step)
+        """SAC's reward critic step, `policy_frequency` Lagrangian actor/α steps when `actor_step`, the reward
+        critics' target update when `target_step`, then one cost critic step on a' ~ π(·|s') of the actor just
+        updated (its target follows at once; with --cudagraphs, all of it recorded in one graph)."""
+        losses = self.update_critic(batch)
+        if actor_step:
+            for _ in range(self.config.policy_frequency):
+                losses.update(self.update_actor_and_alpha(batch.obs))
+        if target_step:
+            soft_update(self.polyak_target, self.polyak_online, self.config.tau)
         noise = self.random.normal(*batch.rewards.shape[-1:], self.action_low.shape[-1])
         cost_loss, cost_q = self._cost_loss(batch, noise)  # a seed group: (S,), (S, E, B)
         return {**losses, **self.cost.step(cost_loss, cost_q)}
@@ -103,8 +109,13 @@ class SACLag(SAC):
                                      self.lagrange_multiplier), log_prob.detach()
 
     def update_actor_and_alpha(self, obs: torch.Tensor) -> dict[str, torch.Tensor]:
-        with frozen(self.cost):  # the actor loss needs gradients w.r.t. actions only
-            return super().update_actor_and_alpha(obs)
+        """One step of the Lagrangian actor loss through frozen reward and cost critics, then SAC's α step on its
+        log-probs."""
+        noise = self.random.normal(*obs.shape[-2:-1], self.action_low.shape[-1])
+        with frozen(self.critic), frozen(self.cost):  # the actor loss needs gradients w.r.t. actions only
+            actor_loss, log_prob = self._actor_loss(obs, noise)  # a seed group: (S,), (S, B)
+        optimizer_step(self.optimizers["actor"], actor_loss, self.actor)
+        return {"losses/actor_loss": actor_loss.detach(), **self.update_alpha(log_prob)}
 
 
 def train(config: SACLagConfig) -> TrainResult:

@@ -40,7 +40,7 @@ from keelrl.agents.td3 import validate as validate_td3
 from keelrl.buffers import Batch, ReplayBuffer
 from keelrl.envs import make_vec_env, require_box_actions
 from keelrl.envs.video import gym_video
-from keelrl.networks import frozen, loss_function
+from keelrl.networks import frozen, loss_function, optimizer_step, soft_update
 
 ALGO = "td3_lag"
 __all__ = ["TD3Lag", "TD3LagConfig", "train", "evaluate"]
@@ -79,9 +79,13 @@ class TD3Lag(TD3):
         return {**super().learn(batch), "losses/lagrange_multiplier": self.lagrange.value.clone()}
 
     def learn_step(self, batch: Batch, actor_step: bool) -> dict[str, torch.Tensor]:
-        """TD3's update step (with the Lagrangian actor loss below), then one cost critic step on freshly smoothed
-        target actions (with --cudagraphs, both recorded in one graph)."""
-        losses = super().learn_step(batch, actor_step)
+        """TD3's reward critic step; when `actor_step`, one Lagrangian actor step, then the target actor and reward
+        critics follow by Polyak averaging; then one cost critic step on freshly smoothed target actions (its target
+        follows at once; with --cudagraphs, all of it recorded in one graph)."""
+        losses = self.update_critic(batch)
+        if actor_step:
+            losses.update(self.update_actor(batch.obs))
+            soft_update(self.polyak_target, self.polyak_online, self.config.tau)
         noise = self.random.normal(*batch.rewards.shape[-1:], self.action_low.shape[-1])
         cost_loss, cost_q = self._cost_loss(batch, noise)  # a seed group: (S,), (S, E, B)
         return {**losses, **self.cost.step(cost_loss, cost_q)}
@@ -100,8 +104,11 @@ class TD3Lag(TD3):
                                      self.lagrange_multiplier)
 
     def update_actor(self, obs: torch.Tensor) -> dict[str, torch.Tensor]:
-        with frozen(self.cost):  # the actor loss needs gradients w.r.t. actions only
-            return super().update_actor(obs)
+        """One step of the Lagrangian actor loss through frozen reward and cost critics."""
+        with frozen(self.critic), frozen(self.cost):  # the actor loss needs gradients w.r.t. actions only
+            actor_loss = self._actor_loss(obs)
+        optimizer_step(self.optimizers["actor"], actor_loss, self.actor)
+        return {"losses/actor_loss": actor_loss.detach()}
 
 
 def train(config: TD3LagConfig) -> TrainResult:
