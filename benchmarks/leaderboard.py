@@ -77,7 +77,7 @@ import gymnasium as gym
 import tyro
 
 import keelrl.envs  # noqa: F401  (registers keelrl's safety tasks, so their ids are found)
-from keelrl.agents.harness.options import RunOptions
+from keelrl.agents.harness.options import RunOptions, parse_command_line
 from keelrl.agents.harness.seeds import SEEDS_FILE
 from keelrl.agents.harness.stopping import STOPPED_CODES, signal_name
 from keelrl.agents.registry import ALGORITHMS, agent_module
@@ -1022,7 +1022,7 @@ class StopAsInterrupt:
 def main(argv: list[str] | None = None) -> int:
     import shlex
 
-    args = tyro.cli(Args, args=argv)
+    args = parse_command_line(Args, args=argv)
     stop = StopAsInterrupt()
     try:
         grids = grids_from_args(args)

@@ -52,6 +52,7 @@ import torch
 
 from keelrl.agents.harness.checkpoints import CHECKPOINT_FILE, one_line, read_checkpoint
 from keelrl.agents.harness.logs import progress_bar
+from keelrl.agents.harness.options import parse_command_line
 from keelrl.agents.sac import SAC, SACConfig
 from keelrl.agents.sac import train as train_sac
 from keelrl.agents.harness.stopping import RunStopped
@@ -462,9 +463,7 @@ def make_datasets(config: MakeDatasetsConfig) -> list[str]:
 
 
 def main(args: list[str] | None = None) -> int:
-    import tyro
-
-    config = tyro.cli(MakeDatasetsConfig, args=args)
+    config = parse_command_line(MakeDatasetsConfig, args=args)
     try:
         for identifier in make_datasets(config):
             print(identifier)

@@ -24,6 +24,7 @@ import numpy as np
 import tyro
 
 from keelrl.agents.harness.checkpoints import MODEL_FILE, one_line, read_checkpoint, restoring
+from keelrl.agents.harness.options import parse_command_line
 from keelrl.agents.registry import agent_class, agent_module
 from keelrl.envs.safety import reports_cost
 from keelrl.envs.streaming_wrappers import frozen_stream_env, stream_env_for
@@ -234,7 +235,7 @@ def write_csv(path: Path, seed: int, returns: np.ndarray, costs: np.ndarray | No
 
 
 def main(args: list[str] | None = None) -> int:
-    config = tyro.cli(EvaluateConfig, args=args)
+    config = parse_command_line(EvaluateConfig, args=args)
     try:
         result = evaluate_saved(config)
     except (ValueError, FileNotFoundError, VideoUnavailable) as err:

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from keelrl.agents import sac, td3
-from keelrl.agents.harness.options import apply_preset, run_cli
+from keelrl.agents.harness.options import apply_preset, help_paragraphs, parse_command_line, run_cli
 from keelrl.agents.sac import SAC, SACConfig
 from keelrl.agents.sac import train as train_sac
 from keelrl.agents.td3 import TD3, TD3Config
@@ -378,3 +378,18 @@ def test_options_survive_save_and_load(tmp_path, fixed_batch):
     assert dataclasses.asdict(loaded.config) == dataclasses.asdict(agent.config)
     obs = fixed_batch.obs.numpy()[:4]
     np.testing.assert_array_equal(loaded.act(obs, deterministic=True), agent.act(obs, deterministic=True))
+
+
+def test_help_prints_a_multi_line_option_description_as_running_text(capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "400")  # wide enough that the help box wraps no description
+    with pytest.raises(SystemExit):
+        parse_command_line(SACConfig, ["--help"])
+    help_text = capsys.readouterr().out
+    # two field docstrings whose second lines start with a letter and with "(": tyro alone broke both lines there
+    assert "videos.csv (return, cost, length), a frame in TensorBoard (needs keelrl[video];" in help_text
+    assert "once as a CUDA graph and replay it (networks/cuda_graphs.py)" in help_text
+
+
+def test_help_paragraphs_join_lines_but_keep_paragraphs_and_bullets():
+    text = "first line\n    (second) line\n\n    next paragraph\n    - a bullet\n      continued\n    * another"
+    assert help_paragraphs(text) == "first line (second) line\n\nnext paragraph\n- a bullet continued\n* another"

@@ -12,10 +12,9 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch
-import tyro
 
 from keelrl.agents import iql, ppo, sac, stream_q
-from keelrl.agents.harness.options import run_cli
+from keelrl.agents.harness.options import parse_command_line, run_cli
 from keelrl.benchmarks.make_datasets import MakeDatasetsConfig, dataset_id, with_quick
 from keelrl.buffers.offline import MAKE_DATASETS, load_dataset
 from keelrl.envs.video import VideoUnavailable, offscreen_gl_backend
@@ -181,7 +180,7 @@ def test_a_missing_dataset_names_the_command_that_makes_exactly_it(identifier, t
     assert len(message.splitlines()) == 1
     command = message.split("Create it with: ")[1]
     assert command.startswith(MAKE_DATASETS + " ")
-    config = tyro.cli(MakeDatasetsConfig, args=shlex.split(command[len(MAKE_DATASETS):]))
+    config = parse_command_line(MakeDatasetsConfig, args=shlex.split(command[len(MAKE_DATASETS):]))
     if config.quick:
         config = with_quick(config)  # as make_datasets' main does
     assert [dataset_id(config.env_id, kind, config.version, config.quick) for kind in config.datasets] == [identifier]

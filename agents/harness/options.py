@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextvars
 import dataclasses
 import random
+import re
 import sys
 import typing
 import warnings
@@ -227,12 +228,36 @@ def evaluation_seed(run_seed: int, episodes: int) -> int:
     return 10_000 + run_seed * episodes
 
 
+def parse_command_line(config_cls: type, args: list[str] | None = None) -> Any:
+    """`config_cls` from the command line (`args`, default sys.argv[1:]) by tyro, whose --help shows each field's
+    docstring as running text."""
+    import tyro
+    from tyro import _strings
+
+    # tyro 1.0 joins a docstring's lines before it dedents them (tyro/_docstrings.py, get_field_docstring), so
+    # each indented continuation line of a multi-line field docstring started a new line in --help
+    tyro_join, _strings.remove_single_line_breaks = _strings.remove_single_line_breaks, help_paragraphs
+    try:
+        return tyro.cli(config_cls, args=args)
+    finally:
+        _strings.remove_single_line_breaks = tyro_join
+
+
+def help_paragraphs(text: str) -> str:
+    """A docstring as --help prints it: each paragraph's lines stripped and joined by spaces; blank lines still
+    part paragraphs, and a line that starts a bullet ("- ", "* ") starts a new line."""
+    paragraphs = []
+    for paragraph in re.split(r"\n[ \t]*\n", text.strip()):
+        lines = [line.strip() for line in paragraph.split("\n")]
+        paragraphs.append(lines[0] + "".join(("\n" if line.startswith(("- ", "* ")) else " ") + line
+                                             for line in lines[1:]))
+    return "\n\n".join(paragraphs)
+
+
 def run_cli(train: Callable[[Any], Any], config_cls: type, args: list[str] | None = None) -> int:
     """Parse `config_cls` from the command line and train; a user error prints one line, exit code 2; a run
     stopped by SIGTERM or Ctrl-C (with its checkpoint written) gives 128 + the signal number."""
-    import tyro
-
-    config = tyro.cli(config_cls, args=args)
+    config = parse_command_line(config_cls, args)
     named = _NAMED_ON_COMMAND_LINE.set(named_options(sys.argv[1:] if args is None else args, config_cls))
     python_format, warnings.formatwarning = warnings.formatwarning, one_line_warning
     try:

@@ -17,8 +17,8 @@ import json
 from pathlib import Path
 
 import numpy as np
-import tyro
 
+from keelrl.agents.harness.options import parse_command_line
 from keelrl.benchmarks.checks.summarize_runs import read_csv
 from keelrl.benchmarks.leaderboard import Cell, Grid, expand, load_grid
 
@@ -177,5 +177,5 @@ def summary(grid: Grid, runs_dir: Path, early: int, late: int, bin_steps: int, c
 
 
 if __name__ == "__main__":
-    args = tyro.cli(Args)
+    args = parse_command_line(Args)
     print("\n".join(summary(load_grid(args.grid), args.runs_dir, args.early, args.late, args.bin, args.curves)))

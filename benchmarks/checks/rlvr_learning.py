@@ -24,9 +24,9 @@ import time
 from pathlib import Path
 
 import torch
-import tyro
 
 from keelrl.agents.grpo import GRPOConfig, train
+from keelrl.agents.harness.options import parse_command_line
 from keelrl.envs.rlvr_tasks import make_task
 
 
@@ -182,4 +182,4 @@ def main(args: Args) -> None:
 
 
 if __name__ == "__main__":
-    main(tyro.cli(Args))
+    main(parse_command_line(Args))

@@ -21,7 +21,8 @@ import sys
 from pathlib import Path
 
 import numpy as np
-import tyro
+
+from keelrl.agents.harness.options import parse_command_line
 
 
 @dataclasses.dataclass
@@ -156,7 +157,7 @@ def draw_curves(groups: dict[str, list[RunSummary]], bin_steps: int, path: Path)
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = tyro.cli(Args, args=argv)
+    args = parse_command_line(Args, args=argv)
     if not args.keelrl and not args.cleanrl:
         print("error: no runs to summarise: give --keelrl and/or --cleanrl run directories", file=sys.stderr)
         return 2

@@ -32,6 +32,7 @@ from typing import Literal
 
 import tyro
 
+from keelrl.agents.harness.options import parse_command_line
 from keelrl.benchmarks import leaderboard
 from keelrl.benchmarks.aggregate import read_csv_rows
 from keelrl.benchmarks.gpu.speed import machine, tensorboard_points, write_csv
@@ -195,4 +196,4 @@ def main(args: Args) -> None:
 
 
 if __name__ == "__main__":
-    main(tyro.cli(Args))
+    main(parse_command_line(Args))

@@ -25,8 +25,8 @@ import statistics
 from collections import defaultdict
 from pathlib import Path
 
-import tyro
 
+from keelrl.agents.harness.options import parse_command_line
 from keelrl.benchmarks.aggregate import read_csv_rows
 
 PUBLISHED_HOPPER_100K = {"SimbaV2 (UTD 2)": 2821, "SAC": 1103}
@@ -282,4 +282,4 @@ def write_page(args: Args) -> Path:
 
 
 if __name__ == "__main__":
-    print(f"wrote {write_page(tyro.cli(Args))}")
+    print(f"wrote {write_page(parse_command_line(Args))}")

@@ -35,8 +35,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
-import tyro
 
+from keelrl.agents.harness.options import parse_command_line
 from keelrl.benchmarks.gpu.syncs import SMOKE_TASKS, smoke_command
 
 
@@ -329,4 +329,4 @@ def main(args: Args) -> None:
 
 
 if __name__ == "__main__":
-    main(tyro.cli(Args))
+    main(parse_command_line(Args))

@@ -24,8 +24,8 @@ import statistics
 import time
 
 import torch
-import tyro
 
+from keelrl.agents.harness.options import parse_command_line
 from keelrl.benchmarks.perf.speed import Args as SpeedArgs
 from keelrl.benchmarks.perf.speed import matmul_gflops, update_flops
 
@@ -157,4 +157,4 @@ def main(args: Args) -> None:
 
 
 if __name__ == "__main__":
-    main(tyro.cli(Args))
+    main(parse_command_line(Args))

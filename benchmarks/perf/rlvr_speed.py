@@ -22,9 +22,9 @@ import statistics
 import time
 
 import torch
-import tyro
 
 from keelrl.agents.grpo import rollout
+from keelrl.agents.harness.options import parse_command_line
 from keelrl.benchmarks.checks.rlvr_learning import machine_description, write_section
 from keelrl.envs.rlvr_tasks import make_task
 from keelrl.envs.token_env import GroupTokenEnv
@@ -154,4 +154,4 @@ def main(args: Args) -> None:
 
 
 if __name__ == "__main__":
-    main(tyro.cli(Args))
+    main(parse_command_line(Args))

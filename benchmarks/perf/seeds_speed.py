@@ -29,7 +29,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Literal
 
-import tyro
+from keelrl.agents.harness.options import parse_command_line
+
 
 
 @dataclasses.dataclass
@@ -173,4 +174,4 @@ def exit_on_sigterm(signum: int, frame) -> None:
 
 if __name__ == "__main__":
     signal.signal(signal.SIGTERM, exit_on_sigterm)
-    print("\n".join(main(tyro.cli(Args))))
+    print("\n".join(main(parse_command_line(Args))))

@@ -20,8 +20,8 @@ import time
 
 import numpy as np
 import torch
-import tyro
 
+from keelrl.agents.harness.options import parse_command_line
 from keelrl.networks.heads import C51Head
 from keelrl.networks.simbav2 import SimbaV2Actor, SimbaV2Critic
 
@@ -145,4 +145,4 @@ def main(args: Args) -> None:
 
 
 if __name__ == "__main__":
-    main(tyro.cli(Args))
+    main(parse_command_line(Args))

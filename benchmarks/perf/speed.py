@@ -28,7 +28,8 @@ import time
 from pathlib import Path
 
 import torch
-import tyro
+
+from keelrl.agents.harness.options import parse_command_line
 
 
 @dataclasses.dataclass
@@ -169,4 +170,4 @@ def main(args: Args) -> None:
 
 
 if __name__ == "__main__":
-    main(tyro.cli(Args))
+    main(parse_command_line(Args))

@@ -17,8 +17,8 @@ import time
 import gymnasium as gym
 import numpy as np
 import torch
-import tyro
 
+from keelrl.agents.harness.options import parse_command_line
 from keelrl.agents.stream_ac import StreamAC, StreamACConfig
 from keelrl.envs.streaming_wrappers import Transition
 
@@ -83,4 +83,4 @@ def main(args: Args) -> None:
 
 
 if __name__ == "__main__":
-    main(tyro.cli(Args))
+    main(parse_command_line(Args))

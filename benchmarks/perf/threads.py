@@ -17,8 +17,8 @@ import time
 
 import numpy as np
 import torch
-import tyro
 
+from keelrl.agents.harness.options import parse_command_line
 from keelrl.agents.sac import SAC, SACConfig
 from keelrl.benchmarks.perf.update_time import filled_buffer
 
@@ -76,4 +76,4 @@ def main(args: Args) -> None:
 
 
 if __name__ == "__main__":
-    main(tyro.cli(Args))
+    main(parse_command_line(Args))

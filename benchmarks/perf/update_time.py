@@ -27,10 +27,9 @@ import time
 
 import numpy as np
 import torch
-import tyro
 
 from keelrl.agents import cql, iql, riql, sac, td3
-from keelrl.agents.harness.options import apply_preset
+from keelrl.agents.harness.options import apply_preset, parse_command_line
 from keelrl.buffers import Batch, ReplayBuffer
 from keelrl.networks.builders import with_default_support
 from keelrl.networks.seeds import stack_seeds
@@ -143,4 +142,4 @@ def main(args: Args) -> None:
 
 
 if __name__ == "__main__":
-    main(tyro.cli(Args))
+    main(parse_command_line(Args))

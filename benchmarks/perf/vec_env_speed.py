@@ -15,8 +15,8 @@ import time
 
 import gymnasium as gym
 import numpy as np
-import tyro
 
+from keelrl.agents.harness.options import parse_command_line
 from keelrl.envs import make_vec_env
 
 
@@ -77,4 +77,4 @@ def main(args: Args) -> None:
 
 
 if __name__ == "__main__":
-    main(tyro.cli(Args))
+    main(parse_command_line(Args))
