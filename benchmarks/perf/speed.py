@@ -6,9 +6,12 @@ Each measurement is a fresh process training on `--env-id` for `--total-timestep
 `--learning-starts` of them random; the figure is environment steps per second after learning
 starts (one gradient update per step), read from each program's own output. keelrl and CleanRL
 runs alternate (A B A B …) so drifts in machine load hit both. CleanRL's scripts come from a
-checkout outside this repository (`--cleanrl`); on gymnasium 1.x they need their two
-`final_observation`/`final_info` lines adapted to gymnasium's same-step autoreset, so point
-`--cleanrl-sac`/`--cleanrl-td3` at adapted copies if you have them.
+checkout outside this repository (`--cleanrl`). CleanRL's scripts (fe8d8a0) are written for gymnasium 0.29;
+on gymnasium 1.x, copy them and adapt three places in each copy, then point `--cleanrl-sac`/`--cleanrl-td3` at
+the copies:
+- make the vector env with `autoreset_mode=gym.vector.AutoresetMode.SAME_STEP`;
+- read episode returns from `infos["final_info"]["episode"]` (masked by its `"_episode"`);
+- read final observations from `infos["final_obs"]`.
 
 The arithmetic limit is the matmul FLOPs one update needs (every linear layer's forward pass and
 the backward passes the algorithm needs, counted for 256-sized MLPs at the batch size) divided by
