@@ -1,3 +1,5 @@
+import signal
+
 import gymnasium as gym
 import numpy as np
 import pytest
@@ -7,6 +9,10 @@ from keelrl.buffers import ReplayBuffer
 from keelrl.envs import CostWrapper
 
 torch.set_num_threads(1)
+# A suite started in the background by a non-interactive shell (`make test &`, nohup, a CI job's `cmd &`) inherits
+# SIGINT ignored, so Python installs no KeyboardInterrupt handler; the tests of Ctrl-C handling need Python's default.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 class NanRewardEnv(gym.Env):
