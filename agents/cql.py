@@ -50,7 +50,7 @@ from keelrl.agents.harness.options import (
     validate_run_options,
 )
 from keelrl.agents.iql import load_attacker
-from keelrl.buffers import Batch
+from keelrl.buffers import Batch, to_device
 from keelrl.buffers.offline import (
     DatasetBuffer,
     DatasetOptions,
@@ -300,7 +300,7 @@ class CQL(SavedAgent):
     def act(self, obs: np.ndarray, deterministic: bool = False) -> np.ndarray:
         """Actions for a batch of raw observations (B, obs_dim) -> (B, action_dim)."""
         obs = self.observation_batch(obs)
-        obs_t = self.obs_norm(torch.as_tensor(obs, dtype=torch.float32, device=self.action_low.device))
+        obs_t = self.obs_norm(to_device(obs, self.action_low.device))
         return self.policy(obs_t, deterministic).cpu().numpy()
 
     def update(self, batch: Batch) -> dict[str, torch.Tensor]:

@@ -43,7 +43,7 @@ from keelrl.agents.harness.options import (
     run_cli,
     validate_run_options,
 )
-from keelrl.buffers import Batch
+from keelrl.buffers import Batch, to_device
 from keelrl.buffers.corruption import Policy, QFunction
 from keelrl.buffers.offline import (
     DatasetBuffer,
@@ -217,7 +217,7 @@ class IQL(SavedAgent):
     def act(self, obs: np.ndarray, deterministic: bool = False) -> np.ndarray:
         """Actions for a batch of raw observations (B, obs_dim) -> (B, action_dim)."""
         obs = self.observation_batch(obs)
-        obs_t = self.obs_norm(torch.as_tensor(obs, dtype=torch.float32, device=self.action_low.device))
+        obs_t = self.obs_norm(to_device(obs, self.action_low.device))
         return self.policy(obs_t, deterministic).cpu().numpy()
 
     def attack_q(self, obs: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:

@@ -39,7 +39,7 @@ from keelrl.agents.harness.options import (
     validate_run_options,
     warn_without_updates,
 )
-from keelrl.buffers import Batch, ReplayBuffer
+from keelrl.buffers import Batch, ReplayBuffer, to_device
 from keelrl.envs import make_vec_env, play_episodes, require_box_actions
 from keelrl.envs.video import gym_video
 from keelrl.networks import (
@@ -231,7 +231,7 @@ class TD3(SavedAgent):
         """Actions for a batch of raw observations (B, obs_dim) -> (B, action_dim): the actor's, plus Gaussian
         noise of std exploration_noise × action scale clipped to the action bounds unless deterministic."""
         obs = self.observation_batch(obs)
-        obs_t = self.obs_norm(torch.as_tensor(obs, dtype=torch.float32, device=self.action_low.device))
+        obs_t = self.obs_norm(to_device(obs, self.action_low.device))
         noise = None if deterministic else self.random.normal(*obs.shape[-2:-1], self.action_low.shape[-1])
         return self._act(obs_t, noise).cpu().numpy()  # a seed group: (S, B, obs_dim) -> (S, B, action_dim)
 

@@ -46,7 +46,7 @@ from keelrl.agents.harness.options import (
     validate_run_options,
 )
 from keelrl.agents.harness.run_directory import CONFIG_FILE
-from keelrl.buffers import Batch, ReplayBuffer
+from keelrl.buffers import Batch, ReplayBuffer, to_device
 from keelrl.envs import make_vec_env, play_episodes, require_box_actions
 from keelrl.envs.video import gym_video
 from keelrl.networks import (
@@ -207,7 +207,7 @@ class WSRL(SavedAgent):
     def act(self, obs: np.ndarray, deterministic: bool = False) -> np.ndarray:
         """Actions for a batch of raw observations (B, obs_dim) -> (B, action_dim): sampled, or tanh of the mean."""
         obs = self.observation_batch(obs)
-        obs_t = self.obs_norm(torch.as_tensor(obs, dtype=torch.float32, device=self.action_low.device))
+        obs_t = self.obs_norm(to_device(obs, self.action_low.device))
         return self.actor.act(obs_t, deterministic).cpu().numpy()
 
     def update(self, batch: Batch) -> dict[str, torch.Tensor]:

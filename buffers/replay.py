@@ -5,7 +5,19 @@ from __future__ import annotations
 import os
 from typing import NamedTuple
 
+import numpy as np
 import torch
+
+
+def to_device(data, device: torch.device) -> torch.Tensor:
+    """`data` (numpy, a list, a tensor) as float32 on `device`, without waiting for the GPU: a host array goes to a
+    CUDA device through pinned memory with a non-blocking copy, so the host carries on while the GPU finishes its
+    queued work (a copy from pageable memory first waits for that work: one host synchronisation per copy). torch's
+    pinned-memory cache keeps the host block until the copy has run."""
+    tensor = torch.as_tensor(data, dtype=torch.float32)
+    if device.type != "cuda" or tensor.device.type != "cpu":
+        return tensor.to(device)
+    return tensor.pin_memory().to(device, non_blocking=True)
 
 
 class Batch(NamedTuple):
@@ -71,6 +83,17 @@ class ReplayBuffer:
         self.terminated = storage(dtype=torch.bool)
         self.truncated = storage(dtype=torch.bool)
         self.costs = storage() if store_cost else None
+        self.stored = [name for name in self.FIELDS if getattr(self, name) is not None]
+        """the names of the tensors this buffer keeps, in FIELDS' order"""
+        self.columns: dict[str, slice] = {}
+        """where each stored field sits in a `pack`ed row"""
+        start = 0
+        for name in self.stored:
+            width = getattr(self, name).shape[1:].numel()
+            self.columns[name], start = slice(start, start + width), start + width
+        # on the CPU, numpy views of the storage: a numpy copy per field costs a tenth of a torch copy
+        on_host = self.device.type == "cpu"
+        self.host_views = {name: getattr(self, name).numpy() for name in self.stored} if on_host else {}
         self.generator = torch.Generator(device=self.device)
         self.generator.manual_seed(seed)
         self._one_step_discounts: dict[int, torch.Tensor] = {}
@@ -84,17 +107,35 @@ class ReplayBuffer:
         `next_obs` must be the true observation each transition led to (`info["final_obs"]`
         from keelrl's vector envs), not the reset observation of a new episode.
         """
+        packed = self.pack(obs, actions, rewards, next_obs, terminated, truncated, costs)
+        self.write(packed if self.host_views else to_device(packed, self.device))
+
+    def pack(self, obs, actions, rewards, next_obs, terminated, truncated, costs=None) -> np.ndarray:
+        """One vector step's fields side by side as float32 rows on the host (num_envs, F), each field at its
+        `columns`, flags as 0/1: on a GPU one copy takes them all (a copy per field from pageable memory would each
+        wait for the GPU to finish its queued work)."""
+        if self.costs is not None and costs is None:
+            raise ValueError("This buffer stores costs: pass costs to add() (the env's info['cost']).")
+        given = {"obs": obs, "next_obs": next_obs, "actions": actions, "rewards": rewards, "terminated": terminated,
+                 "truncated": truncated, "costs": costs}
+        fields = []
+        for name in self.stored:
+            value = given[name].cpu() if isinstance(given[name], torch.Tensor) else given[name]
+            value, columns = np.asarray(value, dtype=np.float32), self.columns[name]
+            if value.size != self.num_envs * (columns.stop - columns.start):
+                raise ValueError(f"add(): {name} has shape {value.shape}; this buffer stores "
+                                 f"{(self.num_envs, *getattr(self, name).shape[1:])} per vector step.")
+            fields.append(value.reshape(self.num_envs, -1))
+        return np.concatenate(fields, axis=1)
+
+    def write(self, packed: np.ndarray | torch.Tensor) -> None:
+        """Store one `pack`ed vector step (num_envs, F) in the next rows: a numpy array for a buffer on the CPU, a
+        tensor on the storage device for one on a GPU."""
         rows = slice(self.pos, self.pos + self.num_envs)
-        self.obs[rows] = torch.as_tensor(obs, device=self.device, dtype=torch.float32)
-        self.next_obs[rows] = torch.as_tensor(next_obs, device=self.device, dtype=torch.float32)
-        self.actions[rows] = torch.as_tensor(actions, device=self.device, dtype=torch.float32)
-        self.rewards[rows] = torch.as_tensor(rewards, device=self.device, dtype=torch.float32)
-        self.terminated[rows] = torch.as_tensor(terminated, device=self.device, dtype=torch.bool)
-        self.truncated[rows] = torch.as_tensor(truncated, device=self.device, dtype=torch.bool)
-        if self.costs is not None:
-            if costs is None:
-                raise ValueError("This buffer stores costs: pass costs to add() (the env's info['cost']).")
-            self.costs[rows] = torch.as_tensor(costs, device=self.device, dtype=torch.float32)
+        for name in self.stored:
+            storage = self.host_views[name] if self.host_views else getattr(self, name)
+            # (num_envs, width) -> (num_envs, *row shape); a flag's storage is bool: 1.0 is stored as True
+            storage[rows] = packed[:, self.columns[name]].reshape(storage[rows].shape)
         self.pos = (self.pos + self.num_envs) % self.capacity
         self.size = min(self.size + self.num_envs, self.capacity)
 
@@ -163,8 +204,7 @@ class ReplayBuffer:
         """The stored transitions and sampling state (tensors only, safe to load with weights_only). The filled rows
         are copied to the host: torch.save writes a view's whole storage, so a view would save the full capacity
         (and a copy on the GPU would take a second buffer's memory there)."""
-        rows = {name: getattr(self, name)[: self.size].to("cpu", copy=True) for name in self.FIELDS
-                if getattr(self, name) is not None}
+        rows = {name: getattr(self, name)[: self.size].to("cpu", copy=True) for name in self.stored}
         return {**rows, "pos": torch.tensor(self.pos), "capacity": torch.tensor(self.capacity),
                 "num_envs": torch.tensor(self.num_envs), "generator": self.generator.get_state()}
 
@@ -206,9 +246,13 @@ class SeedReplay:
         return len(self.buffers[0])
 
     def add(self, obs, actions, rewards, next_obs, terminated, truncated, costs=None) -> None:
-        for i, buffer in enumerate(self.buffers):
-            buffer.add(obs[i], actions[i], rewards[i], next_obs[i], terminated[i], truncated[i],
-                       None if costs is None else costs[i])
+        packed = np.stack([buffer.pack(obs[i], actions[i], rewards[i], next_obs[i], terminated[i], truncated[i],
+                                       None if costs is None else costs[i])
+                           for i, buffer in enumerate(self.buffers)])  # (S, num_envs, F)
+        if not self.buffers[0].host_views:
+            packed = to_device(packed, self.buffers[0].device)  # one copy to the GPU for all seeds
+        for buffer, rows in zip(self.buffers, packed):
+            buffer.write(rows)
 
     def sample(self, batch_size: int) -> Batch:
         batches = [buffer.sample(batch_size) for buffer in self.buffers]

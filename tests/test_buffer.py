@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from keelrl.buffers import ReplayBuffer
+from keelrl.buffers import ReplayBuffer, SeedReplay
 
 
 def add_steps(buffer, steps, num_envs, terminated=None, truncated=None, start=0):
@@ -134,3 +134,38 @@ def test_bad_arguments():
         ReplayBuffer(10, (3,), (2,), n_step=0)
     with pytest.raises(ValueError, match="empty"):
         ReplayBuffer(10, (3,), (2,)).sample(4)
+
+
+def test_fields_of_any_shape_land_in_their_rows_and_a_wrong_shape_is_refused():
+    """add() packs a step's fields side by side (one copy to a GPU) and splits them back into their storage: obs of
+    shape (2, 3), flags given as bools or as 0/1 floats. A field of the wrong size is named, and nothing is stored."""
+    buffer = ReplayBuffer(8, (2, 3), (2,), num_envs=2)
+    obs = np.arange(12.0).reshape(2, 2, 3)
+    buffer.add(obs, [[1, 2], [3, 4]], [5.0, 6.0], obs + 100, [True, False], np.array([0.0, 1.0]))
+    np.testing.assert_array_equal(buffer.obs[:2].numpy(), obs)
+    np.testing.assert_array_equal(buffer.next_obs[:2].numpy(), obs + 100)
+    np.testing.assert_array_equal(buffer.actions[:2].numpy(), [[1, 2], [3, 4]])
+    np.testing.assert_array_equal(buffer.rewards[:2].numpy(), [5, 6])
+    assert buffer.terminated[:2].tolist() == [True, False] and buffer.truncated[:2].tolist() == [False, True]
+    with pytest.raises(ValueError, match=r"next_obs has shape \(2, 5\); this buffer stores \(2, 2, 3\) per vector"):
+        buffer.add(obs, [[1, 2], [3, 4]], [5.0, 6.0], np.zeros((2, 5)), [True, False], [False, False])
+    assert len(buffer) == 2 and buffer.pos == 2
+
+
+def test_a_seed_group_adds_each_seed_its_own_step():
+    """SeedReplay.add packs the S seeds' steps (S, num_envs, ...) at once: each seed's buffer holds what its own adds
+    would have stored."""
+    group = SeedReplay([ReplayBuffer(10, (3,), (2,), num_envs=2, store_cost=True, seed=s) for s in range(3)])
+    singles = [ReplayBuffer(10, (3,), (2,), num_envs=2, store_cost=True, seed=s) for s in range(3)]
+    rng = np.random.default_rng(0)
+    for _ in range(7):  # wrapped
+        step = (rng.normal(size=(3, 2, 3)), rng.normal(size=(3, 2, 2)), rng.normal(size=(3, 2)),
+                rng.normal(size=(3, 2, 3)), rng.random((3, 2)) < 0.5, rng.random((3, 2)) < 0.5, rng.random((3, 2)))
+        group.add(*step)
+        for i, single in enumerate(singles):
+            single.add(*(field[i] for field in step))
+    for grouped, single in zip(group.buffers, singles, strict=True):
+        assert (grouped.pos, grouped.size) == (single.pos, single.size) == (4, 10)
+        for name in ReplayBuffer.FIELDS:
+            torch.testing.assert_close(getattr(grouped, name), getattr(single, name), rtol=0, atol=0)
+    assert not torch.equal(group.buffers[0].obs, group.buffers[1].obs)

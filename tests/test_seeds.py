@@ -84,9 +84,10 @@ def recorded(monkeypatch, algo: str) -> tuple[dict[int, list], list]:
 @pytest.mark.parametrize("algo, options, rtol, atol", [
     ("sac", {}, 1e-5, 1e-6), ("td3", {}, 1e-5, 1e-6),
     # float32 rounding, which batched and single products do differently, grows through SimBa's LayerNorms, the
-    # actions and the environment to ~2e-5 in 50 updates (the preset's 2 updates per step, 100 updates, reach 5e-4
-    # relative: left out); a seed given another seed's noise, samples or statistics is off by far more
-    ("sac", SIMBA, 1e-4, 1e-4),
+    # actions and the environment in 50 updates: to ~2e-5 on AMD EPYCs, to 2.9e-4 in one action on an Intel Xeon
+    # with avx512_bf16 (2026-11-27); the preset's 2 updates per step, 100 updates, reach 5e-4 relative on an EPYC
+    # (left out). A seed given another seed's noise, samples or statistics is off by far more
+    ("sac", SIMBA, 2e-3, 2e-3),
     # per-seed reward scales, weights projected back on the sphere per seed
     ("sac", SIMBAV2, 1e-5, 1e-6), ("td3", SIMBAV2, 1e-5, 1e-6),
     ("sac", {"critic_head": "hlgauss", "scale_rewards": True}, 1e-5, 1e-6),
