@@ -107,8 +107,7 @@ class ReplayBuffer:
         `next_obs` must be the true observation each transition led to (`info["final_obs"]`
         from keelrl's vector envs), not the reset observation of a new episode.
         """
-        packed = self.pack(obs, actions, rewards, next_obs, terminated, truncated, costs)
-        self.write(packed if self.host_views else to_device(packed, self.device))
+        self.write(self.pack(obs, actions, rewards, next_obs, terminated, truncated, costs))
 
     def pack(self, obs, actions, rewards, next_obs, terminated, truncated, costs=None) -> np.ndarray:
         """One vector step's fields side by side as float32 rows on the host (num_envs, F), each field at its
@@ -129,11 +128,13 @@ class ReplayBuffer:
         return np.concatenate(fields, axis=1)
 
     def write(self, packed: np.ndarray | torch.Tensor) -> None:
-        """Store one `pack`ed vector step (num_envs, F) in the next rows: a numpy array for a buffer on the CPU, a
-        tensor on the storage device for one on a GPU."""
+        """Store one `pack`ed vector step (num_envs, F) in the next rows: a numpy array (a buffer on the CPU writes it
+        through numpy views of its storage, one on a GPU copies it there first) or a tensor on the storage device."""
+        if isinstance(packed, np.ndarray) and not self.host_views:
+            packed = to_device(packed, self.device)
         rows = slice(self.pos, self.pos + self.num_envs)
         for name in self.stored:
-            storage = self.host_views[name] if self.host_views else getattr(self, name)
+            storage = self.host_views[name] if isinstance(packed, np.ndarray) else getattr(self, name)
             # (num_envs, width) -> (num_envs, *row shape); a flag's storage is bool: 1.0 is stored as True
             storage[rows] = packed[:, self.columns[name]].reshape(storage[rows].shape)
         self.pos = (self.pos + self.num_envs) % self.capacity

@@ -169,3 +169,19 @@ def test_a_seed_group_adds_each_seed_its_own_step():
         for name in ReplayBuffer.FIELDS:
             torch.testing.assert_close(getattr(grouped, name), getattr(single, name), rtol=0, atol=0)
     assert not torch.equal(group.buffers[0].obs, group.buffers[1].obs)
+
+
+def test_a_packed_step_written_as_a_tensor_stores_what_the_numpy_path_stores():
+    """A buffer on a GPU writes the packed step as a tensor on its device, one on the CPU through numpy views of its
+    storage: the tensor path, run here on the CPU, stores the same rows (obs of shape (2, 2), flags, costs)."""
+    through_numpy = ReplayBuffer(6, (2, 2), (1,), num_envs=2, store_cost=True)
+    through_tensor = ReplayBuffer(6, (2, 2), (1,), num_envs=2, store_cost=True)
+    rng = np.random.default_rng(1)
+    for _ in range(4):  # wrapped
+        step = (rng.normal(size=(2, 2, 2)), rng.normal(size=(2, 1)), rng.normal(size=2), rng.normal(size=(2, 2, 2)),
+                rng.random(2) < 0.5, rng.random(2) < 0.5, rng.random(2))
+        through_numpy.add(*step)
+        through_tensor.write(torch.from_numpy(through_tensor.pack(*step)))
+    for name in ReplayBuffer.FIELDS:
+        torch.testing.assert_close(getattr(through_tensor, name), getattr(through_numpy, name), rtol=0, atol=0)
+    assert through_numpy.terminated.any() and not through_numpy.terminated.all()
