@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Prepare the GPU run on a machine with registry access, from the repository's root (see README.md here):
 #   MINARI_DATASETS_PATH=DATA bash benchmarks/gpu/prepare.sh CLEANRL LEANRL [SHARED_GPU]
+# (without DATA holding keelrl/hopper-medium-v0 it says so and prepares what the online cells and speed need)
 # CLEANRL and LEANRL: checkouts (or bare git directories) of github.com/vwxyzjn/cleanrl and
 # github.com/pytorch-labs/LeanRL; SHARED_GPU: the project's gpu folder (default ../shared/gpu).
 # It fills two git-ignored folders that travel with the tree (name both in `carry`, 64 MiB in all):
@@ -14,8 +15,13 @@
 set -euo pipefail
 cleanrl=${1:?give a CleanRL checkout} leanrl=${2:?give a LeanRL checkout} shared=${3:-../shared/gpu}
 dataset=keelrl/hopper-medium-v0
-test -d "${MINARI_DATASETS_PATH:?set it to the folder holding $dataset}/$dataset" \
-  || { echo "no $dataset under MINARI_DATASETS_PATH (python -m keelrl.benchmarks.make_datasets makes it)"; exit 1; }
+source_dataset="${MINARI_DATASETS_PATH:-}/$dataset"
+if [ ! -d "$source_dataset" ]; then
+  # a lease that runs the online cells alone (--agents sac-...) needs no dataset: say so, and go on without it
+  echo "no $dataset under MINARI_DATASETS_PATH (python -m keelrl.benchmarks.make_datasets makes it): the offline" \
+    "cells (cql, iql) and the offline agents' smoke runs cannot run on the GPU machine; the online cells can"
+  source_dataset=""
+fi
 
 exclude=$(git rev-parse --git-path info/exclude)
 mkdir -p "$(dirname "$exclude")" .gpu/ref/cleanrl .gpu/ref/cleanrl_utils .gpu/ref/leanrl .gpu/minari/keelrl
@@ -53,6 +59,7 @@ sac=.gpu/ref/leanrl/sac_continuous_action_torchcompile.py
 sed -i 's/TensorDictModule(actor_detach.get_action, /TensorDictModule(lambda obs: actor_detach.get_action(obs)[0], /' "$sac"
 grep -q 'get_action(obs)\[0\]' "$sac" || { echo "LeanRL's SAC changed: adapt the policy module line by hand"; exit 1; }
 
-rm -rf ".gpu/minari/$dataset" && cp -r "$MINARI_DATASETS_PATH/$dataset" ".gpu/minari/$dataset"
+rm -rf ".gpu/minari/$dataset"
+if [ -n "$source_dataset" ]; then cp -r "$source_dataset" ".gpu/minari/$dataset"; fi
 echo "$(git rev-parse --short HEAD)$(git diff --quiet HEAD || echo ' with uncommitted changes')" > .gpu/commit.txt
 du -shc .gpu .whl | tail -1 | awk '{print "carry size: " $1 " (at most 64 MiB)"}'
