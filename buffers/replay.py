@@ -136,7 +136,7 @@ class ReplayBuffer:
         for name in self.stored:
             storage = self.host_views[name] if isinstance(packed, np.ndarray) else getattr(self, name)
             # (num_envs, width) -> (num_envs, *row shape); a flag's storage is bool: 1.0 is stored as True
-            storage[rows] = packed[:, self.columns[name]].reshape(storage[rows].shape)
+            storage[rows] = packed[:, self.columns[name]].reshape(-1, *storage.shape[1:])
         self.pos = (self.pos + self.num_envs) % self.capacity
         self.size = min(self.size + self.num_envs, self.capacity)
 
