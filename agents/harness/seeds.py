@@ -11,9 +11,9 @@ alone), stepped in lockstep, while the agent trains them as one batched network 
 
 (PPO groups RolloutBuffers into SeedRollouts instead, and gives `start` what each seed's checkpoint keeps besides:
 `state=lambda i: {...}`, with `runs.part(rollout, i)`, seed i's own rollout), then, still in the `with` block, the
-loop of `Run` (steps, record_episodes, log, result). With one seed every call goes straight to the one `Run`, and the objects are the
-single-seed ones: the run is the run it always was. `--resume` of any seed's directory resumes all S (each
-directory's seeds.json names the others).
+loop of `Run` (steps, record_episodes, log, result). With one seed every call goes straight to the one `Run`, and
+the objects are the single-seed ones: the run is the run it always was. `--resume` of any seed's directory resumes
+all S (each directory's seeds.json names the others).
 """
 
 from __future__ import annotations
