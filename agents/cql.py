@@ -50,7 +50,7 @@ from keelrl.agents.harness.options import (
     validate_run_options,
 )
 from keelrl.agents.iql import load_attacker
-from keelrl.buffers import Batch, to_device
+from keelrl.buffers import Batch
 from keelrl.buffers.offline import (
     DatasetBuffer,
     DatasetOptions,
@@ -72,6 +72,7 @@ from keelrl.networks import (
     optimizer_step,
     random_members,
     soft_update,
+    to_device,
 )
 
 ALGO = "cql"

@@ -43,7 +43,7 @@ from keelrl.agents.harness.options import (
     run_cli,
     validate_run_options,
 )
-from keelrl.buffers import Batch, to_device
+from keelrl.buffers import Batch
 from keelrl.buffers.corruption import Policy, QFunction
 from keelrl.buffers.offline import (
     DatasetBuffer,
@@ -66,6 +66,7 @@ from keelrl.networks import (
     optimizer_step,
     scale_learning_rates,
     soft_update,
+    to_device,
 )
 
 ALGO = "iql"

@@ -80,6 +80,7 @@ from keelrl.networks import (
     mlp,
     orthogonal_init_,
     scale_learning_rates,
+    to_device,
 )
 from keelrl.networks.seeds import seed_rows
 
@@ -245,6 +246,15 @@ class PPO(SavedSpaceAgent):
     def device(self) -> torch.device:
         return self.critic[0].weight.device
 
+    def statistics_on_host(self) -> None:
+        """The observation and reward statistics moved back to the CPU, whatever device the networks are on: the
+        rollouts act in numpy (RolloutPolicy), reading and updating them at every step, and the update never uses
+        them (the rollout holds observations standardised), so on a GPU they would cost host synchronisations
+        and nothing else."""
+        self.obs_norm.cpu()
+        if self.reward_scaler is not None:
+            self.reward_scaler.cpu()
+
     # ---- acting
 
     def observe(self, obs: np.ndarray) -> np.ndarray:
@@ -279,7 +289,7 @@ class PPO(SavedSpaceAgent):
         (clipped) or the most likely action when deterministic, else a sample."""
         obs = self.observation_batch(obs)
         obs = obs.detach().float().cpu().numpy() if isinstance(obs, torch.Tensor) else obs  # standardised in numpy
-        outputs = self.actor(torch.as_tensor(self.standardized(obs), device=self.device))
+        outputs = self.actor(to_device(self.standardized(obs), self.device))
         if deterministic:
             actions = outputs if self.continuous else outputs.argmax(-1)
         elif self.continuous:
@@ -465,6 +475,7 @@ def train(config: PPOConfig) -> TrainResult:
         check_action_space(env.single_action_space, config.env_id)
         obs_dim = int(np.prod(env.single_observation_space.shape))
         agent = run.agent(lambda: PPO(obs_dim, env.single_action_space, config)).to(config.device)
+        agent.statistics_on_host()
         agent.rng = run.numpy_rng()  # each seed's own generator (one seed: the one PPO made, seeded alike)
         rollout = run.group(lambda seed: RolloutBuffer(config.num_steps, config.num_envs, (obs_dim,),
                                                        env.single_action_space.shape))

@@ -185,6 +185,7 @@ def train(config: PPOLagConfig) -> TrainResult:
         check_action_space(env.single_action_space, config.env_id)
         obs_dim = int(np.prod(env.single_observation_space.shape))
         agent = run.agent(lambda: PPOLag(obs_dim, env.single_action_space, config)).to(config.device)
+        agent.statistics_on_host()
         agent.rng = run.numpy_rng()  # each seed's own generator (one seed: the one PPO made, seeded alike)
         rollout = run.group(lambda seed: RolloutBuffer(config.num_steps, config.num_envs, (obs_dim,),
                                                        env.single_action_space.shape, store_cost=True))

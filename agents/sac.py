@@ -39,7 +39,7 @@ from keelrl.agents.harness.options import (
     validate_run_options,
     warn_without_updates,
 )
-from keelrl.buffers import Batch, ReplayBuffer, to_device
+from keelrl.buffers import Batch, ReplayBuffer
 from keelrl.envs import make_vec_env, play_episodes, require_box_actions
 from keelrl.envs.video import gym_video
 from keelrl.networks import (
@@ -57,6 +57,7 @@ from keelrl.networks import (
     scale_learning_rates,
     soft_update,
     td_target,
+    to_device,
     validate_network_options,
 )
 from keelrl.networks.builders import (

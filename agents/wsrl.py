@@ -46,7 +46,7 @@ from keelrl.agents.harness.options import (
     validate_run_options,
 )
 from keelrl.agents.harness.run_directory import CONFIG_FILE
-from keelrl.buffers import Batch, ReplayBuffer, to_device
+from keelrl.buffers import Batch, ReplayBuffer
 from keelrl.envs import make_vec_env, play_episodes, require_box_actions
 from keelrl.envs.video import gym_video
 from keelrl.networks import (
@@ -56,6 +56,7 @@ from keelrl.networks import (
     optimizer_step,
     random_members,
     soft_update,
+    to_device,
 )
 
 ALGO = "wsrl"

@@ -9,8 +9,8 @@ from keelrl.buffers.offline import (
     prepare_dataset,
     write_minari_dataset,
 )
-from keelrl.buffers.replay import Batch, ReplayBuffer, SeedReplay, to_device
+from keelrl.buffers.replay import Batch, ReplayBuffer, SeedReplay
 from keelrl.buffers.rollout import RolloutBuffer, SeedRollouts, as_flat_tensors, gae
 
-__all__ = ["Batch", "ReplayBuffer", "SeedReplay", "to_device", "RolloutBuffer", "SeedRollouts", "gae", "as_flat_tensors", "DatasetBuffer", "DatasetOptions", "load_dataset", "prepare_dataset",
+__all__ = ["Batch", "ReplayBuffer", "SeedReplay", "RolloutBuffer", "SeedRollouts", "gae", "as_flat_tensors", "DatasetBuffer", "DatasetOptions", "load_dataset", "prepare_dataset",
            "write_minari_dataset", "normalized_score", "corrupt_dataset"]

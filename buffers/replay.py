@@ -8,16 +8,7 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-
-def to_device(data, device: torch.device) -> torch.Tensor:
-    """`data` (numpy, a list, a tensor) as float32 on `device`, without waiting for the GPU: a host array goes to a
-    CUDA device through pinned memory with a non-blocking copy, so the host carries on while the GPU finishes its
-    queued work (a copy from pageable memory first waits for that work: one host synchronisation per copy). torch's
-    pinned-memory cache keeps the host block until the copy has run."""
-    tensor = torch.as_tensor(data, dtype=torch.float32)
-    if device.type != "cuda" or tensor.device.type != "cpu":
-        return tensor.to(device)
-    return tensor.pin_memory().to(device, non_blocking=True)
+from keelrl.networks.transfers import to_device
 
 
 class Batch(NamedTuple):

@@ -29,6 +29,7 @@ from keelrl.networks.training import (
     soft_update,
     unpack_training_state,
 )
+from keelrl.networks.transfers import to_device
 
 __all__ = ["mlp", "orthogonal_init_", "NumpyMLP", "EnsembleLinear", "EnsembleMLP", "CriticEnsemble", "random_members", "TanhGaussianActor", "DeterministicActor",
            "RunningObsNorm",
@@ -38,4 +39,4 @@ __all__ = ["mlp", "orthogonal_init_", "NumpyMLP", "EnsembleLinear", "EnsembleMLP
            "ObGD", "StreamMLP", "sparse_init_", "td_target",
            "NetworkOptions", "build_actor", "build_critic", "build_head", "validate_network_options",
            "check_device", "clip_gradient_norm", "loss_function", "make_optimizer", "optimizer_step", "scale_learning_rates", "soft_update", "frozen",
-           "pack_training_state", "unpack_training_state", "check_precision", "matmul_precision"]
+           "pack_training_state", "unpack_training_state", "check_precision", "matmul_precision", "to_device"]

@@ -8,6 +8,8 @@ import numpy as np
 import torch
 from torch import nn
 
+from keelrl.networks.transfers import to_device
+
 
 class RunningObsNorm(nn.Module):
     """Observations standardised by mean and variance, with statistics updated explicitly by `update`.
@@ -50,20 +52,29 @@ class RunningObsNorm(nn.Module):
         """Fold a batch (B, *shape) into the statistics (a seed group's (S, B, *shape): each seed's rows into its
         own). On the CPU the merge runs in numpy on the buffers' own memory, and a single row needs no reduction
         (its mean is itself, its variance 0): the same float64 arithmetic in a few µs where a dozen small torch
-        ops take a hundred, which matters when an agent updates the statistics at every environment step."""
-        if self.mean.dim() == len(self.shape):
-            self._update(batch, self.mean, self.var, self.count)
-            return
-        for i, rows in enumerate(batch):  # a seed group: statistics (S, *shape), counts (S,)
-            self._update(rows, self.mean[i], self.var[i], self.count[i])
+        ops take a hundred, which matters when an agent updates the statistics at every environment step. On a GPU
+        every seed's rows are merged at once, after one copy that does not wait for the GPU (`update_on_device`)."""
+        if self.mean.device.type != "cpu":
+            self.update_on_device(batch)
+        elif self.mean.dim() == len(self.shape):
+            self._update_in_numpy(batch, self.mean, self.var, self.count)
+        else:
+            for i, rows in enumerate(batch):  # a seed group: statistics (S, *shape), counts (S,)
+                self._update_in_numpy(rows, self.mean[i], self.var[i], self.count[i])
+
+    @torch.no_grad()
+    def update_on_device(self, batch: torch.Tensor | np.ndarray) -> None:
+        """`update` in torch ops on the statistics' device, every seed of a group at once: a host batch goes there
+        through pinned memory without waiting for the GPU, so an environment step's update costs no host
+        synchronisation (the same arithmetic as the numpy merge, run on whatever device the statistics are)."""
+        batch = to_device(batch, self.mean.device, torch.float64)  # (B, *shape); a seed group's (S, B, *shape)
+        rows = batch.dim() - len(self.shape) - 1  # the batch's row axis: 0, or a seed group's 1
+        count = self.count.view(self.count.shape + (1,) * len(self.shape))  # (), or (S, 1, ...) against (S, *shape)
+        self._merge(batch.mean(rows), batch.var(rows, unbiased=False), batch.shape[rows], self.mean, self.var, count)
 
     @classmethod
-    def _update(cls, batch: torch.Tensor | np.ndarray, mean: torch.Tensor, var: torch.Tensor,
-                count: torch.Tensor) -> None:
-        if mean.device.type != "cpu":
-            batch = torch.as_tensor(batch).to(mean.device, torch.float64)
-            cls._merge(batch.mean(0), batch.var(0, unbiased=False), batch.shape[0], mean, var, count)
-            return
+    def _update_in_numpy(cls, batch: torch.Tensor | np.ndarray, mean: torch.Tensor, var: torch.Tensor,
+                         count: torch.Tensor) -> None:
         buffers = mean.numpy(), var.numpy(), count.numpy()
         if len(batch) == 1:
             row = (batch.numpy(force=True) if isinstance(batch, torch.Tensor) else np.asarray(batch))[0]

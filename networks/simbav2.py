@@ -35,6 +35,7 @@ from torch import nn
 from keelrl.networks.actors import DeterministicActor, TanhGaussianActor
 from keelrl.networks.normalization import RunningObsNorm
 from keelrl.networks.simba import check_sizes
+from keelrl.networks.transfers import to_device
 
 EPS = 1e-8
 
@@ -288,8 +289,9 @@ class RewardScaler(nn.Module):
             np.maximum(max_abs_return, np.abs(returns).max(-1), out=max_abs_return)
             returns[np.asarray(dones.cpu() if isinstance(dones, torch.Tensor) else dones, bool)] = 0.0
             return
-        rewards = torch.as_tensor(rewards, dtype=torch.float64, device=self.returns.device)
-        dones = torch.as_tensor(dones, dtype=torch.bool, device=self.returns.device)
+        # on a GPU: through pinned memory, without waiting for it (keelrl.networks.transfers)
+        rewards = to_device(rewards, self.returns.device, torch.float64)
+        dones = to_device(dones, self.returns.device, torch.bool)
         self.returns.mul_(self.gamma).add_(rewards)
         self.return_stats.update(self.returns)
         torch.maximum(self.max_abs_return, self.returns.abs().amax(-1), out=self.max_abs_return)

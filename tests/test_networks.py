@@ -17,6 +17,7 @@ from keelrl.networks import (
     TanhGaussianActor,
     mlp,
 )
+from keelrl.networks.seeds import stack_seeds
 
 
 def test_ensemble_members_equal_separate_mlps():
@@ -170,6 +171,31 @@ def test_running_obs_norm_matches_numpy_on_a_stream():
     expected = (everything[:5] - everything.mean(0)) / np.sqrt(everything.var(0) + 1e-8)
     np.testing.assert_allclose(norm(x).numpy(), expected, rtol=1e-6, atol=1e-6)
     assert norm(torch.full((1, 6), 1e6)).max() == 10.0  # clipped
+
+
+def test_running_obs_norm_merges_alike_in_torch_and_in_numpy_one_seed_or_a_group():
+    """The merge a GPU runs (`update_on_device`: torch ops, a seed group's seeds at once), run here on the CPU, keeps
+    the statistics the numpy merge keeps (single rows and batches), each seed of a group its own: numpy's moments
+    of everything that seed saw."""
+    rng = np.random.default_rng(1)
+    stream = [rng.normal(-2.0, 3.0, (3, int(n), 4)) for n in rng.integers(1, 6, 30)]  # 3 seeds, batches of 1-5
+    group_in_numpy, group_in_torch = (stack_seeds(lambda: RunningObsNorm(4), [0, 1, 2]) for _ in range(2))
+    single_in_numpy, single_in_torch = RunningObsNorm(4), RunningObsNorm(4)
+    for batch in stream:
+        group_in_numpy.update(batch)
+        group_in_torch.update_on_device(batch)
+        single_in_numpy.update(batch[1])
+        single_in_torch.update_on_device(batch[1])
+    for name in ("mean", "var", "count"):
+        torch.testing.assert_close(getattr(group_in_torch, name), getattr(group_in_numpy, name), rtol=1e-12, atol=0)
+        torch.testing.assert_close(getattr(single_in_torch, name), getattr(single_in_numpy, name), rtol=1e-12,
+                                   atol=0)
+    for seed in range(3):
+        seen = np.concatenate([batch[seed] for batch in stream])
+        np.testing.assert_allclose(group_in_torch.mean[seed].numpy(), seen.mean(0), rtol=1e-12, atol=1e-12)
+        np.testing.assert_allclose(group_in_torch.var[seed].numpy(), seen.var(0), rtol=1e-12)
+        assert group_in_torch.count[seed].item() == len(seen)
+    torch.testing.assert_close(single_in_torch.mean, group_in_torch.mean[1], rtol=1e-12, atol=0)
 
 
 # a small array with an outlier (row 3) and a constant column (std 0), by hand below
