@@ -77,6 +77,7 @@ def test_tiny_run_on_the_cpu_gives_the_speed_table_the_smoke_runs_and_the_learni
     progress = read(results / "progress.csv")
     assert [(row["agent"], row["state"], row["last_evaluation"], row["budget"]) for row in progress] == \
         [("sac-scalar", "done", "300", "300")] * 3
+    assert all(float(row["steps_per_s"]) > 0 for row in progress)  # from the first evaluation (step 100) on
 
     written = page.write_page(page.Args(results=(results,), out=tmp_path / "gpu.md"))
     text = written.read_text()

@@ -8,14 +8,14 @@
     python -m keelrl.benchmarks.gpu.evidence start --cudagraphs --retry-failed  # entries whose cells all failed, again
 
 `start` launches `run` in its own session (setsid), so the cells outlive the command that started them while the
-machine is held; `run` is the leaderboard of both grids with one worker per cell. `collect` waits the given
-minutes (returning early once every cell has finished), writing into RESULTS what the cells have so far at every
-poll (so a collect cut short leaves what it had): learning.csv (every evaluation: agent, task, seed, step, mean
-return, normalised score where the task has reference returns), progress.csv (each cell's last logged step, last
-evaluated step, state, failed included, and the seeds its process trains), machine.json (the device and the
-commit, which may differ from the speed step's), the last lines of the leaderboard's log (which starts with the
-command of every `start`) and cell_logs.txt (the end of each failed cell's own log: its error). Collect again
-later for more; the cells keep running meanwhile.
+machine is held; `run` is the leaderboard of both grids with one worker per cell. `collect` waits the given minutes
+(returning early once every cell has finished), writing into RESULTS what the cells have so far at every poll (so a
+collect cut short leaves what it had): learning.csv (every evaluation: agent, task, seed, step, mean return,
+normalised score where the task has reference returns), progress.csv (each cell's last logged step, last evaluated
+step, state, failed included, the seeds its process trains, and its steps per second of wall-clock time since its
+first evaluation), machine.json (the device and the commit, which may differ from the speed step's), the last lines of
+the leaderboard's log (which starts with the command of every `start`) and cell_logs.txt (the end of each failed
+cell's own log: its error). Collect again later for more; the cells keep running meanwhile.
 """
 
 from __future__ import annotations
@@ -35,14 +35,14 @@ import tyro
 from keelrl.agents.harness.options import parse_command_line
 from keelrl.benchmarks import leaderboard
 from keelrl.benchmarks.aggregate import read_csv_rows
-from keelrl.benchmarks.gpu.speed import machine, tensorboard_points, write_csv
+from keelrl.benchmarks.gpu.speed import machine, tensorboard_points, window_rate, write_csv
 from keelrl.buffers import normalized_score
 
 GRIDS = ("gpu-evidence-online", "gpu-evidence-offline")
 TINY_STEPS, TINY_EVAL_FREQ, TINY_LEARNING_STARTS = 300, 100, 100
 LEARNING_FIELDS = ("grid", "agent", "task", "seed", "step", "mean_return", "normalized_score")
 PROGRESS_FIELDS = ("grid", "agent", "task", "seed", "state", "last_step", "last_evaluation", "budget",
-                   "seeds_in_process")
+                   "seeds_in_process", "steps_per_s")
 LOG_NAME, MACHINE_NAME, CELL_LOGS_NAME = "leaderboard.log", "machine.json", "cell_logs.txt"
 POLL_SECONDS = 30
 """collect: how often it looks at the cells and rewrites its files (each look reads every cell's logs)"""
@@ -162,6 +162,16 @@ def collect(args: Args) -> None:
           f"{sum(row['state'] == 'failed' for row in progress)} failed")
 
 
+def rate_since_first_evaluation(cell: leaderboard.Cell, logged: list[tuple[int, float]]) -> str:
+    """The cell's steps per second of wall-clock time from its first evaluation step on (the online cells' updates
+    have begun by then), its evaluations and checkpoints included: what a lease's minutes buy. Empty before two
+    points have been logged from that step on."""
+    try:
+        return f"{window_rate(logged, from_step=int(cell.grid.options['eval-freq'])):.1f}"
+    except (ValueError, ZeroDivisionError):
+        return ""
+
+
 def write_results(args: Args, every: list[leaderboard.Cell], device: dict) -> list[dict]:
     """The files `collect` writes, as the cells are now (`device`: machine.json's contents); their progress rows."""
     learning, progress, failed_logs = [], [], []
@@ -174,7 +184,8 @@ def write_results(args: Args, every: list[leaderboard.Cell], device: dict) -> li
         state = status if status in ("done", "failed") else cell.state()[0]
         progress.append(where | dict(state=state, last_step=logged[-1][0] if logged else 0,
                                      last_evaluation=points[-1]["step"] if points else 0, budget=cell.steps,
-                                     seeds_in_process=attempts[-1].get("seeds_in_process", 1) if attempts else ""))
+                                     seeds_in_process=attempts[-1].get("seeds_in_process", 1) if attempts else "",
+                                     steps_per_s=rate_since_first_evaluation(cell, logged)))
         log = cell.cell_dir / leaderboard.LOG_FILE
         if state == "failed" and log.is_file():
             failed_logs.append(f"== {cell.cell_dir}\n" + "".join(log.read_text().splitlines(keepends=True)[-40:]))
