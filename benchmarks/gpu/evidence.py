@@ -164,10 +164,10 @@ def collect(args: Args) -> None:
 
 def rate_since_first_evaluation(cell: leaderboard.Cell, logged: list[tuple[int, float]]) -> str:
     """The cell's steps per second of wall-clock time from its first evaluation step on (the online cells' updates
-    have begun by then), its evaluations and checkpoints included: what a lease's minutes buy. Empty before two
-    points have been logged from that step on."""
+    have begun by then; a grid without --eval-freq: from its first logged step), its evaluations and checkpoints
+    included: what a lease's minutes buy. Empty before two points have been logged from that step on."""
     try:
-        return f"{window_rate(logged, from_step=int(cell.grid.options['eval-freq'])):.1f}"
+        return f"{window_rate(logged, from_step=int(cell.grid.options.get('eval-freq', 0))):.1f}"
     except (ValueError, ZeroDivisionError):
         return ""
 
