@@ -354,9 +354,10 @@ def test_refusals(tmp_path, capsys):
     assert not any(tmp_path.iterdir())
 
 
-def test_a_compiled_group_learns_as_the_eager_group():
-    """--compile with --num-seeds: each loss's batched pass over the seeds (vmap) compiled as one; the updates equal
-    the eager group's within compiler rounding."""
+def test_a_compiled_group_learns_and_acts_as_the_eager_group():
+    """--compile with --num-seeds: each loss's batched pass over the seeds (vmap) compiled as one, and so is the
+    group's act; the updates and the actions (each seed's noise drawn alike) equal the eager group's within compiler
+    rounding."""
     config = sac.SACConfig(hidden_sizes=(16,), policy_frequency=1)
     rng = np.random.default_rng(0)
     batches = [Batch(*(torch.as_tensor(rng.normal(size=(2, 8, *shape)), dtype=torch.float32)
@@ -372,9 +373,27 @@ def test_a_compiled_group_learns_as_the_eager_group():
             torch.testing.assert_close(got[name], value, rtol=1e-4, atol=1e-5, msg=name)
     for name, value in eager.state_dict().items():
         torch.testing.assert_close(compiled.state_dict()[name], value, rtol=1e-4, atol=1e-5, msg=name)
-    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] - graphs == 2  # the critic's and the actor's loss
+    obs = rng.normal(size=(2, 1, 3))  # each seed's observation of one env
+    for _ in range(2):
+        torch.testing.assert_close(torch.as_tensor(compiled.act(obs)), torch.as_tensor(eager.act(obs)), rtol=1e-5,
+                                   atol=1e-6)
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] - graphs == 3  # the critic's, actor's loss; act
 
 
+
+def test_a_compiled_td3_group_acts_as_the_eager_group():
+    """TD3's group act (the actor plus each seed's clipped exploration noise) compiled as one batched pass: the
+    actions equal the eager group's, the deterministic ones too, each within compiler rounding."""
+    config = td3.TD3Config(hidden_sizes=(16,))
+    eager, compiled = (stack_seeds(lambda options=options: td3.TD3(3, np.array([-1.0]), np.array([1.0]), options),
+                                   [1, 2]) for options in (config, dataclasses.replace(config, compile=True)))
+    obs = np.random.default_rng(0).normal(size=(2, 4, 3))
+    graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+    for deterministic in (False, False, True):
+        actions = compiled.act(obs, deterministic)
+        torch.testing.assert_close(torch.as_tensor(actions), torch.as_tensor(eager.act(obs, deterministic)),
+                                   rtol=1e-5, atol=1e-6)
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] - graphs == 2  # with noise, and without
 
 def recorded_rollout_updates(monkeypatch, agent_cls: type) -> list[dict]:
     """Every PPO update's losses, from now on."""

@@ -1,10 +1,12 @@
-"""CPU time of one update of SAC, TD3, CQL, IQL or RIQL, in fp32 or bf16, robust to other processes on the machine.
+"""CPU time of one update (or one act) of SAC, TD3, CQL, IQL or RIQL, in fp32 or bf16, robust to other processes on the
+machine.
 
     python -m keelrl.benchmarks.perf.update_time --algos sac td3 --hidden 256 8
     python -m keelrl.benchmarks.perf.update_time --algos sac cql iql riql --hidden 256 --precisions fp32 bf16
     python -m keelrl.benchmarks.perf.update_time --compile
     python -m keelrl.benchmarks.perf.update_time --algos sac --hidden 256 --num-seeds 3     # a --num-seeds group
     python -m keelrl.benchmarks.perf.update_time --algos sac --networks mlp/scalar simba/scalar simbav2/c51 --hidden 256
+    python -m keelrl.benchmarks.perf.update_time --algos sac --hidden 256 --num-seeds 3 --act --compile  # a group acts
 
 Times updates on random Hopper-sized batches (batch 256) with one torch thread, by the process's
 CPU time rather than wall-clock time: another busy process then slows the figure far less (it
@@ -16,7 +18,8 @@ with every option of that paper's setting. One update is one gradient step: a ru
 does N of them per environment step. `--precisions fp32 bf16` times each setting both ways (bf16: matrix
 products in bfloat16 under autocast, see networks/training.matmul_precision). CQL, IQL and RIQL are timed
 at their configs' defaults with `--hidden`-wide networks (`--networks` and `--preset` are SAC/TD3's).
-Reports the median over repeats.
+`--act` times the act of a training step instead (one env's observation per seed, exploration noise drawn): the
+host time a loop spends choosing each action. Reports the median over repeats.
 """
 
 from __future__ import annotations
@@ -54,6 +57,8 @@ class Args:
     """time the --compile update"""
     num_seeds: int = 1
     """time one update of a group of this many seeds (SAC, TD3: --num-seeds), each on its own batch"""
+    act: bool = False
+    """time one act of a training step instead of an update: one env's observation per seed, noise drawn"""
     precisions: tuple[str, ...] = ("fp32",)
     """precisions to time each setting in (fp32, bf16)"""
     warmup: int = 20
@@ -99,7 +104,8 @@ def timed_settings(args: Args, algo: str) -> list[tuple[str, dict]]:
     return settings
 
 
-def cpu_ms_per_update(algo: str, options: dict, args: Args) -> list[float]:
+def cpu_ms_per_call(algo: str, options: dict, args: Args) -> list[float]:
+    """CPU ms per update (per act with --act) of `algo` built with `options`, one figure per repeat."""
     agent_cls, config_cls, presets = AGENTS[algo]
     config = config_cls(**options)
     if presets is not None:
@@ -118,25 +124,28 @@ def cpu_ms_per_update(algo: str, options: dict, args: Args) -> list[float]:
         samples = [buffer.sample(256) for _ in range(args.num_seeds)]
         return Batch(*(None if fields[0] is None else torch.stack(fields) for fields in zip(*samples)))
 
+    obs = np.random.default_rng(0).normal(size=(*([args.num_seeds] if args.num_seeds > 1 else []), 1, args.obs_dim))
+    call = (lambda: agent.act(obs)) if args.act else (lambda: agent.update(batch()))
     for _ in range(args.warmup):  # (and compilation)
-        agent.update(batch())
+        call()
     timings = []
     for _ in range(args.repeats):
         start = time.process_time()
         for _ in range(args.updates):
-            agent.update(batch())
+            call()
         timings.append(1e3 * (time.process_time() - start) / args.updates)
     return timings
 
 
 def main(args: Args) -> None:
     torch.set_num_threads(1)
-    print(f"torch {torch.__version__}, 1 thread, batch 256, CPU ms per update (median of {args.repeats})"
+    print(f"torch {torch.__version__}, 1 thread, " + ("CPU ms per act of one env's observation" if args.act else
+                                                        "batch 256, CPU ms per update") + f" (median of {args.repeats})"
           f"{', --compile' if args.compile else ''}{f', --num-seeds {args.num_seeds}' if args.num_seeds > 1 else ''}")
     for algo in args.algos:
         for label, options in timed_settings(args, algo):
             for precision in args.precisions:
-                timings = cpu_ms_per_update(algo, {**options, "precision": precision}, args)
+                timings = cpu_ms_per_call(algo, {**options, "precision": precision}, args)
                 print(f"  {algo} {label} {precision}: {statistics.median(timings):8.2f} ms "
                       f"(min {min(timings):.2f}, max {max(timings):.2f})", flush=True)
 
