@@ -380,7 +380,6 @@ def test_a_compiled_group_learns_and_acts_as_the_eager_group():
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] - graphs == 3  # the critic's, actor's loss; act
 
 
-
 def test_a_compiled_td3_group_acts_as_the_eager_group():
     """TD3's group act (the actor plus each seed's clipped exploration noise) compiled as one batched pass: the
     actions equal the eager group's, the deterministic ones too, each within compiler rounding."""
@@ -394,6 +393,7 @@ def test_a_compiled_td3_group_acts_as_the_eager_group():
         torch.testing.assert_close(torch.as_tensor(actions), torch.as_tensor(eager.act(obs, deterministic)),
                                    rtol=1e-5, atol=1e-6)
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] - graphs == 2  # with noise, and without
+
 
 def recorded_rollout_updates(monkeypatch, agent_cls: type) -> list[dict]:
     """Every PPO update's losses, from now on."""
