@@ -101,17 +101,18 @@ def test_evidence_with_batch_seeds_runs_an_entrys_seeds_as_one_process_and_colle
 
 def test_learning_table_compares_at_the_step_every_cell_reached():
     progress = [dict(grid="g", agent=agent, task="t", seed=seed, state="resume", last_step=last, last_evaluation=ev,
-                     budget="100000") for agent, seed, last, ev in
-                [("cql", 1, "12000", "10000"), ("cql", 2, "9000", "5000"), ("iql", 1, "16000", "15000")]]
+                     budget="100000", steps_per_s=rate) for agent, seed, last, ev, rate in
+                [("cql", 1, "12000", "10000", "30.0"), ("cql", 2, "9000", "5000", "20.0"),
+                 ("iql", 1, "16000", "15000", "")]]
     learning = [dict(grid="g", agent=agent, task="t", seed=seed, step=step, mean_return="0", normalized_score=score)
                 for agent, seed, step, score in
                 [("cql", 1, 5000, "40"), ("cql", 1, 10000, "50"), ("cql", 2, 5000, "30"), ("iql", 1, 5000, "44"),
                  ("iql", 1, 10000, "60")]]
     lines = page.learning_section(learning, progress)
     assert lines[0] == "### g: at step 5,000 (the last evaluation every cell reached)"
-    assert "| cql | 35.0 ± 5.0 | 2 | 12,000, 9,000 (100,000) |" in lines
-    assert "| iql | 44.0 ± 0.0 | 1 | 16,000 (100,000) |" in lines
-    assert f"| behaviour policy (the dataset) | {page.BEHAVIOUR_SCORE} | | |" in lines
+    assert "| cql | 35.0 ± 5.0 | 2 | 12,000, 9,000 (100,000) | 25.0 |" in lines
+    assert "| iql | 44.0 ± 0.0 | 1 | 16,000 (100,000) | not recorded |" in lines
+    assert f"| behaviour policy (the dataset) | {page.BEHAVIOUR_SCORE} | | | |" in lines
 
 
 def test_sync_counting_counts_the_sync_warnings_by_line_and_passes_the_others_on(monkeypatch, recwarn):
@@ -214,8 +215,8 @@ def test_learning_table_lists_every_cell_before_any_common_evaluation():
     learning = [dict(grid="g", agent="sac", task="t", seed=1, step=5000, mean_return="17.0", normalized_score="")]
     lines = page.learning_section(learning, progress)
     assert lines[0] == "### g: no step every cell evaluated (some had not reached their first evaluation)"
-    assert "| sac | not measured | 0 | 6,000 (100,000) |" in lines
-    assert "| simbav2 | not measured | 0 | 4,000 (100,000) |" in lines
+    assert "| sac | not measured | 0 | 6,000 (100,000) | not recorded |" in lines
+    assert "| simbav2 | not measured | 0 | 4,000 (100,000) | not recorded |" in lines
 
 
 def test_a_failed_cell_is_collected_as_failed_with_its_error_and_its_entry_can_be_retried(tmp_path):

@@ -6,6 +6,7 @@
     python -m keelrl.benchmarks.gpu.evidence start --agents sac-scalar sac-simba --cudagraphs   # some cells, graphed
     python -m keelrl.benchmarks.gpu.evidence start --cudagraphs --batch-seeds   # each entry's seeds in one process
     python -m keelrl.benchmarks.gpu.evidence start --cudagraphs --retry-failed  # entries whose cells all failed, again
+    python -m keelrl.benchmarks.gpu.evidence start --cudagraphs --batch-seeds --mps   # the processes share the GPU
 
 `start` launches `run` in its own session (setsid), so the cells outlive the command that started them while the
 machine is held; `run` is the leaderboard of both grids with one worker per cell. `collect` waits the given minutes
@@ -13,9 +14,10 @@ machine is held; `run` is the leaderboard of both grids with one worker per cell
 collect cut short leaves what it had): learning.csv (every evaluation: agent, task, seed, step, mean return,
 normalised score where the task has reference returns), progress.csv (each cell's last logged step, last evaluated
 step, state, failed included, the seeds its process trains, and its steps per second of wall-clock time since its
-first evaluation), machine.json (the device and the commit, which may differ from the speed step's), the last lines of
-the leaderboard's log (which starts with the command of every `start`) and cell_logs.txt (the end of each failed
-cell's own log: its error). Collect again later for more; the cells keep running meanwhile.
+first evaluation), machine.json (the device, the commit, which may differ from the speed step's, and whether the cells
+share the GPU through MPS), the last lines of the leaderboard's log (which starts with the command of every `start`)
+and cell_logs.txt (the end of each failed cell's own log: its error). Collect again later for more; the cells keep
+running meanwhile.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ import tyro
 from keelrl.agents.harness.options import parse_command_line
 from keelrl.benchmarks import leaderboard
 from keelrl.benchmarks.aggregate import read_csv_rows
+from keelrl.benchmarks.gpu import mps
 from keelrl.benchmarks.gpu.speed import machine, tensorboard_points, window_rate, write_csv
 from keelrl.buffers import normalized_score
 
@@ -44,6 +47,7 @@ LEARNING_FIELDS = ("grid", "agent", "task", "seed", "step", "mean_return", "norm
 PROGRESS_FIELDS = ("grid", "agent", "task", "seed", "state", "last_step", "last_evaluation", "budget",
                    "seeds_in_process", "steps_per_s")
 LOG_NAME, MACHINE_NAME, CELL_LOGS_NAME = "leaderboard.log", "machine.json", "cell_logs.txt"
+MPS_RECORD = "mps.json"
 POLL_SECONDS = 30
 """collect: how often it looks at the cells and rewrites its files (each look reads every cell's logs)"""
 
@@ -74,6 +78,10 @@ class Args:
     retry_failed: bool = False
     """start: only the entries whose every started cell failed (a seed group dies together), one process per seed
     (no --batch-seeds); entries with a cell still running are left alone, so no run gets a second process"""
+    mps: bool = False
+    """start: run the cells as clients of CUDA's Multi-Process Service (benchmarks/gpu/mps.py), so that their kernels
+    share the GPU side by side instead of taking turns; if it cannot start, the cells go on without it, and
+    machine.json says which"""
     commit_file: Path = Path(".gpu/commit.txt")
     """collect: where prepare.sh recorded the commit the cells run"""
 
@@ -117,6 +125,8 @@ def start(args: Args) -> None:
             return
         args = dataclasses.replace(args, agents=entries, batch_seeds=False, retry_failed=False)
     args.runs_dir.mkdir(parents=True, exist_ok=True)
+    if args.mps:
+        print(f"MPS: {mps.start(args.runs_dir / MPS_RECORD)['mps']}")
     command = [sys.executable, "-m", "keelrl.benchmarks.gpu.evidence", "run", "--runs-dir", str(args.runs_dir),
                "--device", args.device, "--datasets", str(args.datasets.resolve()), *(["--tiny"] if args.tiny else []),
                *(["--agents", *args.agents] if args.agents else []), *(["--cudagraphs"] if args.cudagraphs else []),
@@ -152,7 +162,7 @@ def collect(args: Args) -> None:
     at every poll. Only the cells `run` started count: a lease that ran some entries (--agents) reports those alone."""
     every = [cell for cell in cells(args) if cell.cell_dir.is_dir()]
     deadline = time.monotonic() + 60 * args.wait_minutes
-    device = machine(args.device, args.commit_file)
+    device = machine(args.device, args.commit_file) | mps.recorded(args.runs_dir / MPS_RECORD)
     progress = write_results(args, every, device)
     while time.monotonic() < deadline and any(row["state"] not in ("done", "failed") for row in progress):
         time.sleep(POLL_SECONDS)

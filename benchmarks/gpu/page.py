@@ -171,8 +171,9 @@ def learning_section(learning: list[dict], progress: list[dict]) -> list[str]:
         heading = (f"at step {step:,} (the last evaluation every cell reached)" if step else
                    "no step every cell evaluated (some had not reached their first evaluation)")
         lines += [f"### {grid}: {heading}", "",
-                  f"| agent | {measure}, mean ± std over seeds | seeds | steps each seed reached (budget) |",
-                  "|---|---|---|---|"]
+                  f"| agent | {measure}, mean ± std over seeds | seeds | steps each seed reached (budget) | "
+                  "steps/s per seed |",
+                  "|---|---|---|---|---|"]
         for agent in dict.fromkeys(row["agent"] for row in progress if row["grid"] == grid):
             at_step = [float(row["normalized_score" if offline else "mean_return"]) for row in learning
                        if row["grid"] == grid and row["agent"] == agent and int(row["step"]) == step]
@@ -180,19 +181,36 @@ def learning_section(learning: list[dict], progress: list[dict]) -> list[str]:
             reached, budget = [f"{int(row['last_step']):,}" for row in cells], int(cells[0]["budget"])
             spread = statistics.pstdev(at_step) if len(at_step) > 1 else 0.0
             score = f"{statistics.mean(at_step):.1f} ± {spread:.1f}" if at_step else "not measured"
-            lines.append(f"| {agent} | {score} | {len(at_step)} | {', '.join(reached)} ({budget:,}) |")
+            lines.append(f"| {agent} | {score} | {len(at_step)} | {', '.join(reached)} ({budget:,}) | "
+                         f"{rate(cells)} |")
         if offline:
-            lines.append(f"| behaviour policy (the dataset) | {BEHAVIOUR_SCORE} | | |")
+            lines.append(f"| behaviour policy (the dataset) | {BEHAVIOUR_SCORE} | | | |")
         else:
-            lines += [f"| published, Hopper-v4 at 100k: {name} | {value} | 10 | 100,000 |"
+            lines += [f"| published, Hopper-v4 at 100k: {name} | {value} | 10 | 100,000 | |"
                       for name, value in PUBLISHED_HOPPER_100K.items()]
         lines.append("")
     return lines
 
 
+def rate(cells: list[dict]) -> str:
+    """The mean over an entry's cells of progress.csv's steps_per_s (each seed's steps per second of wall-clock time
+    since its first evaluation); 'not recorded' for collects older than that column or cells without two points."""
+    rates = [float(row["steps_per_s"]) for row in cells if row.get("steps_per_s")]
+    return f"{statistics.mean(rates):.1f}" if rates else "not recorded"
+
+
 def described(machine: dict) -> str:
     return f"{machine['device']} ({machine['cpus']} CPU cores), torch {machine['torch']}, keelrl at commit " \
-           f"{machine['commit']}"
+           f"{machine['commit']}{shared_through(machine.get('mps'))}"
+
+
+def shared_through(mps: str | None) -> str:
+    """How the cells shared the GPU where evidence.py's --mps was asked for (machine.json's 'mps'): nothing where it
+    was not, as on the leases before it."""
+    if mps is None:
+        return ""
+    return ", the cells' processes sharing the GPU through CUDA MPS" if mps == "on" else \
+        f", the cells' processes taking turns on the GPU (MPS was asked for but is {mps})"
 
 
 def learning_machines(machines: dict[str, dict | None]) -> list[str]:

@@ -1,0 +1,83 @@
+"""CUDA's Multi-Process Service (MPS) for the learning cells that share a lease's one GPU.
+
+Without it, the cells' processes take turns on the GPU (time-slicing): each process's kernels run only in its own
+slice, and every host synchronisation (an online agent has at least one per step: the action going to the
+environment) waits for its process's next turn. Four seed groups with --cudagraphs ran about 40 loop steps/s each on
+an H200 where one SAC process alone ran 470.8 (benchmarks/results/gpu.md). Under MPS the processes are clients of one
+server whose context runs their kernels side by side. Starting it changes no device setting (the compute mode stays
+as it is); the daemon lives until it is told to quit or the machine goes back.
+
+    python -m keelrl.benchmarks.gpu.evidence start --mps ...      # evidence.py starts it through `start` below
+
+`start` runs the control daemon (`nvidia-cuda-mps-control -d`, its logs beside the record), then a probe: a CUDA
+client that must finish within PROBE_SECONDS. If the daemon is missing, fails or the probe does, the daemon is told
+to quit and the cells share the GPU as before. Either way the record (a JSON file) says which, for machine.json and
+the results page.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+CONTROL = "nvidia-cuda-mps-control"
+SEARCHED = (Path("/usr/local/nvidia/bin"), Path("/usr/bin"), Path("/usr/local/cuda/bin"))
+"""where the control program is looked for when it is not on the PATH (the device machine mounts its driver under
+/usr/local/nvidia)"""
+PROBE = [sys.executable, "-c", "import torch; x = torch.ones(8, device='cuda'); assert x.sum().item() == 8"]
+PROBE_SECONDS = 120
+ON = "on"
+
+
+def find_control() -> Path | None:
+    on_path = shutil.which(CONTROL)
+    if on_path:
+        return Path(on_path)
+    return next((folder / CONTROL for folder in SEARCHED if (folder / CONTROL).is_file()), None)
+
+
+def recorded(record: Path) -> dict:
+    """{'mps': 'on' | 'off: why'} from a record `start` wrote; {} where none was (MPS not asked for)."""
+    return json.loads(record.read_text()) if record.is_file() else {}
+
+
+def start(record: Path, control: Path | None = None) -> dict:
+    """Start the MPS control daemon and check that a CUDA client runs through it; quit it if not. Writes and
+    returns the record. Where a record exists (a later `evidence start` of the lease, a retry say), it is returned
+    and nothing is started or tried again."""
+    if record.is_file():
+        return recorded(record)
+    control = control or find_control()
+    state = ON if control else f"off: {CONTROL} not found on the PATH or in {', '.join(map(str, SEARCHED))}"
+    if control:
+        logs = record.parent / "mps-logs"
+        logs.mkdir(parents=True, exist_ok=True)
+        daemon = subprocess.run([str(control), "-d"], env=os.environ | {"CUDA_MPS_LOG_DIRECTORY": str(logs)},
+                                capture_output=True, text=True)
+        state = ON if daemon.returncode == 0 else f"off: the daemon exited {daemon.returncode}: {tail(daemon)}"
+    if state == ON:
+        state = probed(PROBE)
+        if state != ON:
+            subprocess.run([str(control)], input="quit\n", capture_output=True, text=True, timeout=60)
+    record.parent.mkdir(parents=True, exist_ok=True)
+    record.write_text(json.dumps({"mps": state}))
+    return {"mps": state}
+
+
+def probed(probe: list[str]) -> str:
+    """'on' if the probe (a CUDA client) exits 0 within PROBE_SECONDS, else 'off: ' and why."""
+    try:
+        result = subprocess.run(probe, capture_output=True, text=True, timeout=PROBE_SECONDS)
+    except subprocess.TimeoutExpired:
+        return f"off: a CUDA client did not finish within {PROBE_SECONDS} s through MPS"
+    return ON if result.returncode == 0 else f"off: a CUDA client failed through MPS: {tail(result)}"
+
+
+def tail(result: subprocess.CompletedProcess) -> str:
+    """The last line a process wrote (stderr first), for a record's one line."""
+    lines = (result.stderr or result.stdout or "").strip().splitlines()
+    return lines[-1] if lines else "no output"

@@ -1,0 +1,110 @@
+"""CUDA MPS for the GPU run's learning cells (benchmarks/gpu/mps.py): started, probed, quit when it fails, and named on
+the results page. A stand-in control program records how it was called; the probe is a plain process."""
+
+import dataclasses
+import json
+import os
+import sys
+import textwrap
+import types
+
+import pytest
+
+from keelrl.benchmarks.gpu import evidence, mps, page
+
+FAKE_CONTROL = """\
+#!{python}
+import json, os, sys
+with open({calls!r}, "a") as calls:
+    calls.write(json.dumps(dict(args=sys.argv[1:], stdin="" if sys.argv[1:] else sys.stdin.read(),
+                                logs=os.environ.get("CUDA_MPS_LOG_DIRECTORY"))) + "\\n")
+if sys.argv[1:] == ["-d"] and {daemon_fails}:
+    sys.exit("An instance of this daemon is already running")
+"""
+
+
+def fake_control(folder, daemon_fails=False):
+    """A stand-in nvidia-cuda-mps-control in `folder`; returns it and a function giving its calls so far."""
+    folder.mkdir(parents=True, exist_ok=True)
+    control, calls = folder / mps.CONTROL, folder / "calls.jsonl"
+    control.write_text(FAKE_CONTROL.format(python=sys.executable, calls=str(calls), daemon_fails=daemon_fails))
+    control.chmod(0o755)
+    return control, lambda: [json.loads(line) for line in calls.read_text().splitlines()] if calls.is_file() else []
+
+
+def probe_that(monkeypatch, code):
+    monkeypatch.setattr(mps, "PROBE", [sys.executable, "-c", textwrap.dedent(code)])
+
+
+def test_the_daemon_starts_logging_beside_the_record_and_is_kept_when_a_client_runs_through_it(tmp_path, monkeypatch):
+    control, calls = fake_control(tmp_path / "bin")
+    probe_that(monkeypatch, "pass")
+    record = tmp_path / "runs" / "mps.json"
+    assert mps.start(record, control) == {"mps": "on"}
+    assert calls() == [dict(args=["-d"], stdin="", logs=str(tmp_path / "runs" / "mps-logs"))]
+    assert mps.recorded(record) == {"mps": "on"} and (tmp_path / "runs" / "mps-logs").is_dir()
+    assert mps.start(record, control) == {"mps": "on"} and len(calls()) == 1  # a later start leaves it running
+
+
+def test_the_daemon_is_told_to_quit_when_a_client_fails_through_it(tmp_path, monkeypatch):
+    control, calls = fake_control(tmp_path / "bin")
+    probe_that(monkeypatch, "import sys; sys.exit('all CUDA-capable devices are busy or unavailable')")
+    record = tmp_path / "mps.json"
+    assert mps.start(record, control) == {
+        "mps": "off: a CUDA client failed through MPS: all CUDA-capable devices are busy or unavailable"}
+    assert [call["args"] or call["stdin"] for call in calls()] == [["-d"], "quit\n"]
+    assert mps.recorded(record)["mps"].startswith("off: ")
+    assert mps.start(record, control)["mps"].startswith("off: ") and len(calls()) == 2  # a retry tries nothing again
+
+
+def test_a_daemon_that_fails_to_start_is_recorded_off_and_no_client_is_tried(tmp_path, monkeypatch):
+    control, calls = fake_control(tmp_path / "bin", daemon_fails=True)
+    probe_that(monkeypatch, f"open({str(tmp_path / 'probed')!r}, 'w')")
+    state = mps.start(tmp_path / "mps.json", control)
+    assert state == {"mps": "off: the daemon exited 1: An instance of this daemon is already running"}
+    assert not (tmp_path / "probed").exists() and len(calls()) == 1
+
+
+def test_the_control_program_is_found_on_the_path_or_in_the_driver_folders_else_recorded_missing(tmp_path,
+                                                                                                monkeypatch):
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    monkeypatch.setattr(mps, "SEARCHED", (tmp_path / "driver",))
+    assert mps.find_control() is None
+    assert mps.start(tmp_path / "mps.json") == {
+        "mps": f"off: {mps.CONTROL} not found on the PATH or in {tmp_path / 'driver'}"}
+    control, _ = fake_control(tmp_path / "driver")
+    assert mps.find_control() == control
+    monkeypatch.setenv("PATH", str(tmp_path / "bin"))
+    on_path, _ = fake_control(tmp_path / "bin")
+    assert mps.find_control() == on_path
+
+
+def test_evidence_start_with_mps_starts_it_before_the_cells_and_collect_and_page_name_it(tmp_path, monkeypatch):
+    _, calls = fake_control(tmp_path / "bin")
+    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}")
+    probe_that(monkeypatch, "pass")
+    launched = []
+    monkeypatch.setattr(evidence, "subprocess", types.SimpleNamespace(
+        Popen=lambda command, **_: launched.append((command, len(calls()))), STDOUT=None))
+    args = evidence.Args("start", runs_dir=tmp_path / "runs", device="cpu", agents=("sac-scalar",), mps=True,
+                         commit_file=tmp_path / "commit.txt")
+    evidence.start(args)
+    [(command, daemon_calls_before)] = launched
+    assert daemon_calls_before == 1 and "--mps" not in command  # the daemon first; `run` needs no flag for it
+    [cell] = [cell for cell in evidence.cells(args) if cell.seed == 1]
+    cell.cell_dir.mkdir(parents=True)
+    evidence.collect(dataclasses.replace(args, action="collect", out=tmp_path / "out"))
+    machine = json.loads((tmp_path / "out" / "machine.json").read_text())
+    assert machine["mps"] == "on"
+    [line, _] = page.learning_machines({"gpu-evidence-online": machine})
+    assert line.endswith("keelrl at commit unknown, the cells' processes sharing the GPU through CUDA MPS.")
+
+
+@pytest.mark.parametrize("mps_state, ends", [
+    (None, "keelrl at commit abc1234"),
+    ("off: a CUDA client did not finish within 120 s through MPS",
+     "the cells' processes taking turns on the GPU (MPS was asked for but is off: a CUDA client did not finish "
+     "within 120 s through MPS)")])
+def test_the_page_says_how_the_cells_shared_the_gpu_only_where_mps_was_asked_for(mps_state, ends):
+    machine = dict(device="NVIDIA H200", cpus=16, torch="2.11", commit="abc1234")
+    assert page.described(machine | ({"mps": mps_state} if mps_state else {})).endswith(ends)
