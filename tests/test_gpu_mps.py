@@ -108,3 +108,37 @@ def test_evidence_start_with_mps_starts_it_before_the_cells_and_collect_and_page
 def test_the_page_says_how_the_cells_shared_the_gpu_only_where_mps_was_asked_for(mps_state, ends):
     machine = dict(device="NVIDIA H200", cpus=16, torch="2.11", commit="abc1234")
     assert page.described(machine | ({"mps": mps_state} if mps_state else {})).endswith(ends)
+
+
+def test_a_retry_quits_mps_first_once_no_started_cell_runs_under_it(tmp_path, monkeypatch):
+    """--cudagraphs on the CPU fails at once, as a seed group that died under MPS would."""
+    control, calls = fake_control(tmp_path / "bin")
+    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}")
+    probe_that(monkeypatch, "pass")
+    args = evidence.Args("start", runs_dir=tmp_path / "runs", device="cpu", tiny=True, agents=("sac-scalar",),
+                         cudagraphs=True, mps=True)
+    assert mps.start(tmp_path / "runs" / evidence.MPS_RECORD) == {"mps": "on"}
+    evidence.run(args)
+    launched = []
+    monkeypatch.setattr(evidence, "subprocess", types.SimpleNamespace(
+        Popen=lambda command, **_: launched.append(command), STDOUT=None))
+    evidence.start(dataclasses.replace(args, retry_failed=True))
+    assert [call["stdin"] for call in calls()] == ["", "quit\n"]
+    assert mps.recorded(tmp_path / "runs" / evidence.MPS_RECORD)["mps"].startswith("off: quit before a retry")
+    [command] = launched
+    assert "--batch-seeds" not in command and command[command.index("--agents") + 1] == "sac-scalar"
+
+
+def test_a_retry_leaves_mps_running_while_a_started_cell_still_runs_under_it(tmp_path, monkeypatch):
+    control, calls = fake_control(tmp_path / "bin")
+    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}")
+    probe_that(monkeypatch, "pass")
+    args = evidence.Args("start", runs_dir=tmp_path / "runs", device="cpu", tiny=True,
+                         agents=("sac-scalar", "sac-simba"), cudagraphs=True, mps=True)
+    mps.start(tmp_path / "runs" / evidence.MPS_RECORD)
+    evidence.run(dataclasses.replace(args, agents=("sac-scalar",)))  # fails at once
+    [running] = [cell for cell in evidence.cells(args) if cell.agent.name == "sac-simba" and cell.seed == 1]
+    running.cell_dir.mkdir(parents=True)  # started, nothing ended: as a cell still running
+    monkeypatch.setattr(evidence, "subprocess", types.SimpleNamespace(Popen=lambda command, **_: None, STDOUT=None))
+    evidence.start(dataclasses.replace(args, retry_failed=True))
+    assert len(calls()) == 1 and mps.recorded(tmp_path / "runs" / evidence.MPS_RECORD) == {"mps": "on"}

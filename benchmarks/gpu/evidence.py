@@ -77,7 +77,9 @@ class Args:
     --cudagraphs, one graph replays the update of every seed, each loss batched over the seeds and compiled"""
     retry_failed: bool = False
     """start: only the entries whose every started cell failed (a seed group dies together), one process per seed
-    (no --batch-seeds); entries with a cell still running are left alone, so no run gets a second process"""
+    (no --batch-seeds); entries with a cell still running are left alone, so no run gets a second process. With
+    --mps, where no started cell is still running (so quitting ends none), MPS is told to quit first: the retried
+    cells take turns on the GPU, MPS no longer a suspect of their failure"""
     mps: bool = False
     """start: run the cells as clients of CUDA's Multi-Process Service (benchmarks/gpu/mps.py), so that their kernels
     share the GPU side by side instead of taking turns; if it cannot start, the cells go on without it, and
@@ -107,9 +109,14 @@ def cells(args: Args) -> list[leaderboard.Cell]:
     return [cell for grid in grids(args) for cell in leaderboard.expand(grid, args.runs_dir)]
 
 
+def started_cells(args: Args) -> list[leaderboard.Cell]:
+    """The cells `run` has started (a lease may run some entries only)."""
+    return [cell for cell in cells(args) if cell.cell_dir.is_dir()]
+
+
 def failed_entries(args: Args) -> tuple[str, ...]:
     """The entries among the cells `run` started whose every started cell failed."""
-    started = [cell for cell in cells(args) if cell.cell_dir.is_dir()]
+    started = started_cells(args)
     entries = dict.fromkeys(cell.agent.name for cell in started)
     return tuple(name for name in entries
                  if all(cell.result().status == "failed" for cell in started if cell.agent.name == name))
@@ -123,6 +130,9 @@ def start(args: Args) -> None:
         if not entries:
             print("no entry whose cells all failed: nothing started")
             return
+        if args.mps and not any(cell.result().status == "unfinished" for cell in started_cells(args)):
+            why = "quit before a retry, every cell started under it having ended (failed or done)"
+            print(f"MPS: {mps.quit_daemon(args.runs_dir / MPS_RECORD, why)['mps']}")
         args = dataclasses.replace(args, agents=entries, batch_seeds=False, retry_failed=False)
     args.runs_dir.mkdir(parents=True, exist_ok=True)
     if args.mps:
@@ -160,7 +170,7 @@ def evaluations(cell: leaderboard.Cell) -> list[dict]:
 def collect(args: Args) -> None:
     """Wait up to --wait-minutes for the cells, writing learning.csv, progress.csv, the logs' tails and machine.json
     at every poll. Only the cells `run` started count: a lease that ran some entries (--agents) reports those alone."""
-    every = [cell for cell in cells(args) if cell.cell_dir.is_dir()]
+    every = started_cells(args)
     deadline = time.monotonic() + 60 * args.wait_minutes
     device = machine(args.device, args.commit_file) | mps.recorded(args.runs_dir / MPS_RECORD)
     progress = write_results(args, every, device)

@@ -52,29 +52,43 @@ def start(record: Path, control: Path | None = None) -> dict:
     if record.is_file():
         return recorded(record)
     control = control or find_control()
-    state = ON if control else f"off: {CONTROL} not found on the PATH or in {', '.join(map(str, SEARCHED))}"
+    if control is None:
+        return write(record, f"off: {CONTROL} not found on the PATH or in {', '.join(map(str, SEARCHED))}")
+    logs = record.parent / "mps-logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    daemon = subprocess.run([str(control), "-d"], env=os.environ | {"CUDA_MPS_LOG_DIRECTORY": str(logs)},
+                            capture_output=True, text=True)
+    if daemon.returncode != 0:
+        return write(record, f"off: the daemon exited {daemon.returncode}: {tail(daemon)}")
+    write(record, ON)
+    failure = probe_failure()
+    return quit_daemon(record, failure, control) if failure else recorded(record)
+
+
+def quit_daemon(record: Path, why: str, control: Path | None = None) -> dict:
+    """Tell a daemon `start` left running to quit (its server, and any client still using it, end with it) and
+    record it off with `why`; a record not saying 'on' is returned as it is."""
+    if recorded(record).get("mps") != ON:
+        return recorded(record)
+    control = control or find_control()
     if control:
-        logs = record.parent / "mps-logs"
-        logs.mkdir(parents=True, exist_ok=True)
-        daemon = subprocess.run([str(control), "-d"], env=os.environ | {"CUDA_MPS_LOG_DIRECTORY": str(logs)},
-                                capture_output=True, text=True)
-        state = ON if daemon.returncode == 0 else f"off: the daemon exited {daemon.returncode}: {tail(daemon)}"
-    if state == ON:
-        state = probed(PROBE)
-        if state != ON:
-            subprocess.run([str(control)], input="quit\n", capture_output=True, text=True, timeout=60)
+        subprocess.run([str(control)], input="quit\n", capture_output=True, text=True, timeout=60)
+    return write(record, f"off: {why}")
+
+
+def probe_failure() -> str | None:
+    """Why the probe (PROBE, a CUDA client) failed through MPS, or None if it exited 0 within PROBE_SECONDS."""
+    try:
+        result = subprocess.run(PROBE, capture_output=True, text=True, timeout=PROBE_SECONDS)
+    except subprocess.TimeoutExpired:
+        return f"a CUDA client did not finish within {PROBE_SECONDS} s through MPS"
+    return None if result.returncode == 0 else f"a CUDA client failed through MPS: {tail(result)}"
+
+
+def write(record: Path, state: str) -> dict:
     record.parent.mkdir(parents=True, exist_ok=True)
     record.write_text(json.dumps({"mps": state}))
     return {"mps": state}
-
-
-def probed(probe: list[str]) -> str:
-    """'on' if the probe (a CUDA client) exits 0 within PROBE_SECONDS, else 'off: ' and why."""
-    try:
-        result = subprocess.run(probe, capture_output=True, text=True, timeout=PROBE_SECONDS)
-    except subprocess.TimeoutExpired:
-        return f"off: a CUDA client did not finish within {PROBE_SECONDS} s through MPS"
-    return ON if result.returncode == 0 else f"off: a CUDA client failed through MPS: {tail(result)}"
 
 
 def tail(result: subprocess.CompletedProcess) -> str:
