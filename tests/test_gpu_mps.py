@@ -17,7 +17,8 @@ FAKE_CONTROL = """\
 import json, os, sys
 with open({calls!r}, "a") as calls:
     calls.write(json.dumps(dict(args=sys.argv[1:], stdin="" if sys.argv[1:] else sys.stdin.read(),
-                                logs=os.environ.get("CUDA_MPS_LOG_DIRECTORY"))) + "\\n")
+                                logs=os.environ.get("CUDA_MPS_LOG_DIRECTORY"),
+                                path=os.environ["PATH"].split(os.pathsep)[0])) + "\\n")
 if sys.argv[1:] == ["-d"] and {daemon_fails}:
     sys.exit("An instance of this daemon is already running")
 """
@@ -41,7 +42,8 @@ def test_the_daemon_starts_logging_beside_the_record_and_is_kept_when_a_client_r
     probe_that(monkeypatch, "pass")
     record = tmp_path / "runs" / "mps.json"
     assert mps.start(record, control) == {"mps": "on"}
-    assert calls() == [dict(args=["-d"], stdin="", logs=str(tmp_path / "runs" / "mps-logs"))]
+    assert calls() == [dict(args=["-d"], stdin="", logs=str(tmp_path / "runs" / "mps-logs"),
+                            path=str(tmp_path / "bin"))]  # its server, beside it, first on its PATH
     assert mps.recorded(record) == {"mps": "on"} and (tmp_path / "runs" / "mps-logs").is_dir()
     assert mps.start(record, control) == {"mps": "on"} and len(calls()) == 1  # a later start leaves it running
 

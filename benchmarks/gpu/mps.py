@@ -56,7 +56,9 @@ def start(record: Path, control: Path | None = None) -> dict:
         return write(record, f"off: {CONTROL} not found on the PATH or in {', '.join(map(str, SEARCHED))}")
     logs = record.parent / "mps-logs"
     logs.mkdir(parents=True, exist_ok=True)
-    daemon = subprocess.run([str(control), "-d"], env=os.environ | {"CUDA_MPS_LOG_DIRECTORY": str(logs)},
+    # the daemon starts nvidia-cuda-mps-server from its PATH: the control program's folder holds it
+    path = f"{control.parent}{os.pathsep}{os.environ.get('PATH', '')}"
+    daemon = subprocess.run([str(control), "-d"], env=os.environ | {"CUDA_MPS_LOG_DIRECTORY": str(logs), "PATH": path},
                             capture_output=True, text=True)
     if daemon.returncode != 0:
         return write(record, f"off: the daemon exited {daemon.returncode}: {tail(daemon)}")
