@@ -4,7 +4,9 @@ the results page. A stand-in control program records how it was called; the prob
 import dataclasses
 import json
 import os
+import signal
 import sys
+import time
 import textwrap
 import types
 
@@ -14,21 +16,36 @@ from keelrl.benchmarks.gpu import evidence, mps, page
 
 FAKE_CONTROL = """\
 #!{python}
-import json, os, sys
+import json, os, sys, time
 with open({calls!r}, "a") as calls:
     calls.write(json.dumps(dict(args=sys.argv[1:], stdin="" if sys.argv[1:] else sys.stdin.read(),
                                 logs=os.environ.get("CUDA_MPS_LOG_DIRECTORY"),
                                 path=os.environ["PATH"].split(os.pathsep)[0])) + "\\n")
 if sys.argv[1:] == ["-d"] and {daemon_fails}:
     sys.exit("An instance of this daemon is already running")
+if sys.argv[1:] == ["-d"] and os.fork() == 0:  # the daemon, keeping the streams it was given
+    with open({daemon_pid!r}, "w") as pid:
+        pid.write(str(os.getpid()))
+    time.sleep(60)
 """
+
+
+@pytest.fixture(autouse=True)
+def end_fake_daemons(tmp_path):
+    yield
+    for pid_file in tmp_path.glob("**/daemon.pid"):
+        try:
+            os.kill(int(pid_file.read_text()), signal.SIGKILL)
+        except (ProcessLookupError, ValueError):
+            pass
 
 
 def fake_control(folder, daemon_fails=False):
     """A stand-in nvidia-cuda-mps-control in `folder`; returns it and a function giving its calls so far."""
     folder.mkdir(parents=True, exist_ok=True)
     control, calls = folder / mps.CONTROL, folder / "calls.jsonl"
-    control.write_text(FAKE_CONTROL.format(python=sys.executable, calls=str(calls), daemon_fails=daemon_fails))
+    control.write_text(FAKE_CONTROL.format(python=sys.executable, calls=str(calls), daemon_fails=daemon_fails,
+                                           daemon_pid=str(folder / "daemon.pid")))
     control.chmod(0o755)
     return control, lambda: [json.loads(line) for line in calls.read_text().splitlines()] if calls.is_file() else []
 
@@ -41,7 +58,10 @@ def test_the_daemon_starts_logging_beside_the_record_and_is_kept_when_a_client_r
     control, calls = fake_control(tmp_path / "bin")
     probe_that(monkeypatch, "pass")
     record = tmp_path / "runs" / "mps.json"
+    began = time.monotonic()
     assert mps.start(record, control) == {"mps": "on"}
+    assert time.monotonic() - began < 30  # the daemon (which sleeps a minute) holds its streams: not waited for
+    assert (tmp_path / "bin" / "daemon.pid").is_file()
     assert calls() == [dict(args=["-d"], stdin="", logs=str(tmp_path / "runs" / "mps-logs"),
                             path=str(tmp_path / "bin"))]  # its server, beside it, first on its PATH
     assert mps.recorded(record) == {"mps": "on"} and (tmp_path / "runs" / "mps-logs").is_dir()
@@ -63,7 +83,7 @@ def test_a_daemon_that_fails_to_start_is_recorded_off_and_no_client_is_tried(tmp
     control, calls = fake_control(tmp_path / "bin", daemon_fails=True)
     probe_that(monkeypatch, f"open({str(tmp_path / 'probed')!r}, 'w')")
     state = mps.start(tmp_path / "mps.json", control)
-    assert state == {"mps": "off: the daemon exited 1: An instance of this daemon is already running"}
+    assert state == {"mps": f"off: {mps.CONTROL} -d exited 1: An instance of this daemon is already running"}
     assert not (tmp_path / "probed").exists() and len(calls()) == 1
 
 

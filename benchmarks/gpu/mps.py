@@ -30,6 +30,7 @@ SEARCHED = (Path("/usr/local/nvidia/bin"), Path("/usr/bin"), Path("/usr/local/cu
 /usr/local/nvidia)"""
 PROBE = [sys.executable, "-c", "import torch; x = torch.ones(8, device='cuda'); assert x.sum().item() == 8"]
 PROBE_SECONDS = 120
+CONTROL_SECONDS = 60
 ON = "on"
 
 
@@ -58,10 +59,9 @@ def start(record: Path, control: Path | None = None) -> dict:
     logs.mkdir(parents=True, exist_ok=True)
     # the daemon starts nvidia-cuda-mps-server from its PATH: the control program's folder holds it
     path = f"{control.parent}{os.pathsep}{os.environ.get('PATH', '')}"
-    daemon = subprocess.run([str(control), "-d"], env=os.environ | {"CUDA_MPS_LOG_DIRECTORY": str(logs), "PATH": path},
-                            capture_output=True, text=True)
-    if daemon.returncode != 0:
-        return write(record, f"off: the daemon exited {daemon.returncode}: {tail(daemon)}")
+    failure = run_control(control, ["-d"], "", logs, os.environ | {"CUDA_MPS_LOG_DIRECTORY": str(logs), "PATH": path})
+    if failure:
+        return write(record, f"off: {failure}")
     write(record, ON)
     failure = probe_failure()
     return quit_daemon(record, failure, control) if failure else recorded(record)
@@ -73,9 +73,26 @@ def quit_daemon(record: Path, why: str, control: Path | None = None) -> dict:
     if recorded(record).get("mps") != ON:
         return recorded(record)
     control = control or find_control()
-    if control:
-        subprocess.run([str(control)], input="quit\n", capture_output=True, text=True, timeout=60)
-    return write(record, f"off: {why}")
+    failure = run_control(control, [], "quit\n", record.parent / "mps-logs") if control else None
+    return write(record, f"off: {why}" + (f" (and {failure})" if failure else ""))
+
+
+def run_control(control: Path, arguments: list[str], commands: str, logs: Path, env: dict | None = None) -> str | None:
+    """Run the control program with `commands` on its standard input; None if it exited 0 within CONTROL_SECONDS,
+    else why. Its output goes to logs/control.txt, not to a pipe: the daemon that `-d` forks may keep the streams it
+    was given, and reading a pipe would wait for the daemon to end."""
+    said = f"{CONTROL} {' '.join(arguments)}".strip()
+    logs.mkdir(parents=True, exist_ok=True)
+    with (logs / "control.txt").open("a") as output:
+        try:
+            result = subprocess.run([str(control), *arguments], input=commands, stdout=output,
+                                    stderr=subprocess.STDOUT, text=True, env=env, timeout=CONTROL_SECONDS)
+        except subprocess.TimeoutExpired:
+            return f"{said} did not return within {CONTROL_SECONDS} s"
+    if result.returncode == 0:
+        return None
+    lines = (logs / "control.txt").read_text().strip().splitlines()
+    return f"{said} exited {result.returncode}: {lines[-1] if lines else 'no output'}"
 
 
 def probe_failure() -> str | None:
