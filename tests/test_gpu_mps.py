@@ -25,7 +25,7 @@ if sys.argv[1:] == ["-d"] and {daemon_fails}:
     sys.exit("An instance of this daemon is already running")
 if sys.argv[1:] == ["-d"] and os.fork() == 0:  # the daemon, keeping the streams it was given
     with open({daemon_pid!r}, "w") as pid:
-        pid.write(str(os.getpid()))
+        pid.write(f"{{os.getpid()}} {{os.getsid(0)}}")
     time.sleep(60)
 """
 
@@ -35,7 +35,7 @@ def end_fake_daemons(tmp_path):
     yield
     for pid_file in tmp_path.glob("**/daemon.pid"):
         try:
-            os.kill(int(pid_file.read_text()), signal.SIGKILL)
+            os.kill(int(pid_file.read_text().split()[0]), signal.SIGKILL)
         except (ProcessLookupError, ValueError):
             pass
 
@@ -61,7 +61,11 @@ def test_the_daemon_starts_logging_beside_the_record_and_is_kept_when_a_client_r
     began = time.monotonic()
     assert mps.start(record, control) == {"mps": "on"}
     assert time.monotonic() - began < 30  # the daemon (which sleeps a minute) holds its streams: not waited for
-    assert (tmp_path / "bin" / "daemon.pid").is_file()
+    pid_file, deadline = tmp_path / "bin" / "daemon.pid", time.monotonic() + 10
+    while len(pid_file.read_text().split() if pid_file.is_file() else []) < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)  # the daemon writes it after its parent has returned
+    _, session = pid_file.read_text().split()
+    assert int(session) != os.getsid(0)  # outlives the command that started it, as the cells do
     assert calls() == [dict(args=["-d"], stdin="", logs=str(tmp_path / "runs" / "mps-logs"),
                             path=str(tmp_path / "bin"))]  # its server, beside it, first on its PATH
     assert mps.recorded(record) == {"mps": "on"} and (tmp_path / "runs" / "mps-logs").is_dir()

@@ -80,13 +80,15 @@ def quit_daemon(record: Path, why: str, control: Path | None = None) -> dict:
 def run_control(control: Path, arguments: list[str], commands: str, logs: Path, env: dict | None = None) -> str | None:
     """Run the control program with `commands` on its standard input; None if it exited 0 within CONTROL_SECONDS,
     else why. Its output goes to logs/control.txt, not to a pipe: the daemon that `-d` forks may keep the streams it
-    was given, and reading a pipe would wait for the daemon to end."""
+    was given, and reading a pipe would wait for the daemon to end. It runs in a session of its own, as the cells do:
+    the device machine ends what a command leaves running in its session when the command returns."""
     said = f"{CONTROL} {' '.join(arguments)}".strip()
     logs.mkdir(parents=True, exist_ok=True)
     with (logs / "control.txt").open("a") as output:
         try:
             result = subprocess.run([str(control), *arguments], input=commands, stdout=output,
-                                    stderr=subprocess.STDOUT, text=True, env=env, timeout=CONTROL_SECONDS)
+                                    stderr=subprocess.STDOUT, text=True, env=env, timeout=CONTROL_SECONDS,
+                                    start_new_session=True)
         except subprocess.TimeoutExpired:
             return f"{said} did not return within {CONTROL_SECONDS} s"
     if result.returncode == 0:
