@@ -266,7 +266,7 @@ class SAC(SavedAgent):
         self._actor_loss = loss_function(self.actor_loss, config.precision, config.device,
                                          config.compile or config.cudagraphs, seeds_of=self)
         # a seed group acts in one batched pass (vmap), compiled with the losses: host time per act of 3 seeds
-        # 0.58 → 0.14 ms (SAC), 0.78 → 0.16 ms (TD3) on one CPU core (benchmarks/results/seeds.md)
+        # 0.57-0.59 → 0.14 ms (SAC), 0.76-0.77 → 0.16 ms (TD3) on one CPU core (benchmarks/results/seeds.md)
         self._act = SeedMapped(self.actor.act, self, compile=config.compile or config.cudagraphs)
         # --cudagraphs: the whole of `learn_step` recorded as one CUDA graph per branch, then replayed
         self._learn_step = GraphedUpdate(self.learn_step, self) if config.cudagraphs else self.learn_step

@@ -55,8 +55,7 @@ def start(record: Path, control: Path | None = None) -> dict:
     control = control or find_control()
     if control is None:
         return write(record, f"off: {CONTROL} not found on the PATH or in {', '.join(map(str, SEARCHED))}")
-    logs = record.parent / "mps-logs"
-    logs.mkdir(parents=True, exist_ok=True)
+    logs = record.parent / "mps-logs"  # run_control makes it
     # the daemon starts nvidia-cuda-mps-server from its PATH: the control program's folder holds it
     path = f"{control.parent}{os.pathsep}{os.environ.get('PATH', '')}"
     failure = run_control(control, ["-d"], "", logs, os.environ | {"CUDA_MPS_LOG_DIRECTORY": str(logs), "PATH": path})
