@@ -122,7 +122,7 @@ def test_evidence_start_with_mps_starts_it_before_the_cells_and_collect_and_page
     evidence.collect(dataclasses.replace(args, action="collect", out=tmp_path / "out"))
     machine = json.loads((tmp_path / "out" / "machine.json").read_text())
     assert machine["mps"] == "on"
-    [line, _] = page.learning_machines({"gpu-evidence-online": machine})
+    [line, _] = page.learning_machines({("gpu-evidence-online", "sac-scalar"): machine})
     assert line.endswith("keelrl at commit unknown, the cells' processes sharing the GPU through CUDA MPS.")
 
 
@@ -168,3 +168,57 @@ def test_a_retry_leaves_mps_running_while_a_started_cell_still_runs_under_it(tmp
     monkeypatch.setattr(evidence, "subprocess", types.SimpleNamespace(Popen=lambda command, **_: None, STDOUT=None))
     evidence.start(dataclasses.replace(args, retry_failed=True))
     assert len(calls()) == 1 and mps.recorded(tmp_path / "runs" / evidence.MPS_RECORD) == {"mps": "on"}
+
+
+@pytest.mark.parametrize("probe, processes", [("pass", None), ("import sys; sys.exit('no MPS here')", "1")])
+def test_serial_without_mps_runs_the_entries_one_after_another_in_the_order_given_where_mps_is_off(
+        tmp_path, monkeypatch, probe, processes):
+    _, calls = fake_control(tmp_path / "bin")
+    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}")
+    probe_that(monkeypatch, probe)
+    launched = []
+    monkeypatch.setattr(evidence, "subprocess", types.SimpleNamespace(
+        Popen=lambda command, **_: launched.append(command), STDOUT=None))
+    args = evidence.Args("start", runs_dir=tmp_path / "runs", device="cpu", agents=("sac-simbav2", "sac-simba"),
+                         cudagraphs=True, batch_seeds=True, mps=True, serial_without_mps=True)
+    evidence.start(args)
+    [command] = launched
+    assert (command[command.index("--processes") + 1] if "--processes" in command else None) == processes
+    run = evidence.Args(**{**dataclasses.asdict(args), "action": "run", "processes": int(processes or 0)})
+    assert [(cell.agent.name, cell.seed) for cell in evidence.cells(run)] == [
+        ("sac-simbav2", 1), ("sac-simbav2", 2), ("sac-simbav2", 3), ("sac-simba", 1), ("sac-simba", 2),
+        ("sac-simba", 3)]  # the order their processes start in
+    at_once = []
+    monkeypatch.setattr(evidence.leaderboard, "run_grids",
+                        lambda grids, runs_dir, workers, batch_seeds: at_once.append((workers, batch_seeds)))
+    evidence.run(run)
+    assert at_once == [(1 if processes else 6, True)]  # with --batch-seeds, a process is an entry's seed group
+
+
+def test_serial_without_mps_is_refused_without_mps():
+    with pytest.raises(SystemExit, match="goes with --mps"):
+        evidence.main(evidence.Args("start", serial_without_mps=True))
+
+
+def test_collect_waits_for_the_cells_queued_behind_finished_ones_and_reports_them_once_started(tmp_path,
+                                                                                              monkeypatch):
+    args = evidence.Args("collect", runs_dir=tmp_path / "runs", out=tmp_path / "out", device="cpu",
+                         agents=("sac-scalar", "sac-simba"), wait_minutes=0.02, commit_file=tmp_path / "commit.txt")
+    for cell in evidence.cells(args):
+        if cell.agent.name == "sac-scalar":
+            cell.cell_dir.mkdir(parents=True)  # started; the seed group of sac-simba waits for a free process
+    polls = []
+
+    def write_results(args, started, device):  # every started cell done
+        polls.append([cell.agent.name for cell in started])
+        return [dict(state="done", last_evaluation=300)] * len(started)
+
+    monkeypatch.setattr(evidence, "write_results", write_results)
+    monkeypatch.setattr(evidence, "POLL_SECONDS", 0.1)
+    evidence.collect(args)
+    assert len(polls) > 2 and polls[-1] == ["sac-scalar"] * 3  # waited to the deadline, not returning at once
+    for cell in evidence.cells(args):
+        cell.cell_dir.mkdir(parents=True, exist_ok=True)
+    polls.clear()
+    evidence.collect(args)
+    assert polls == [["sac-scalar"] * 3 + ["sac-simba"] * 3]  # every cell started and done: at once

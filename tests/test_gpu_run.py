@@ -110,9 +110,33 @@ def test_learning_table_compares_at_the_step_every_cell_reached():
                  ("iql", 1, 10000, "60")]]
     lines = page.learning_section(learning, progress)
     assert lines[0] == "### g: at step 5,000 (the last evaluation every cell reached)"
-    assert "| cql | 35.0 ± 5.0 | 2 | 12,000, 9,000 (100,000) | 25.0 |" in lines
-    assert "| iql | 44.0 ± 0.0 | 1 | 16,000 (100,000) | not recorded |" in lines
-    assert f"| behaviour policy (the dataset) | {page.BEHAVIOUR_SCORE} | | | |" in lines
+    assert "| cql | 35.0 ± 5.0 | 2 | 12,000, 9,000 (100,000) | 25.0 | not reached |" in lines
+    assert "| iql | 44.0 ± 0.0 | 1 | 16,000 (100,000) | not recorded | not reached |" in lines
+    assert f"| behaviour policy (the dataset) | {page.BEHAVIOUR_SCORE} | | | | {page.BEHAVIOUR_SCORE} |" in lines
+
+
+def test_learning_table_gives_the_entries_that_reached_the_budget_beside_the_cpu_leaderboards_figures():
+    """SimbaV2 reached the budget on a later lease, SAC did not; the CPU leaderboard's SAC at that budget, task and
+    name stands beside them, its other entries and budgets do not."""
+    progress = [dict(grid="g", agent=agent, task="Hopper-v5", seed=seed, state=state, last_step=last,
+                     last_evaluation=ev, budget="10000", steps_per_s="") for agent, seed, state, last, ev in
+                [("sac", 1, "resume", "7200", "5000"), ("simbav2", 1, "done", "10000", "10000"),
+                 ("simbav2", 2, "done", "10000", "10000")]]
+    learning = [dict(grid="g", agent=agent, task="Hopper-v5", seed=seed, step=step, mean_return=value,
+                     normalized_score="") for agent, seed, step, value in
+                [("sac", 1, 5000, "300.0"), ("simbav2", 1, 5000, "400.0"), ("simbav2", 1, 10000, "900.0"),
+                 ("simbav2", 2, 5000, "500.0"), ("simbav2", 2, 10000, "1100.0")]]
+    cpu = [dict(family="online", label=label, task=task, budget=budget, seeds_done=done, return_mean="2165.07",
+                return_std="724.47") for label, task, budget, done in
+           [("sac", "Hopper-v5", "10000", "3"), ("sac", "Hopper-v5", "50000", "3"), ("sac-c51", "Hopper-v5", "10000",
+            "3"), ("sac", "Walker2d-v5", "10000", "3"), ("simbav2", "Hopper-v5", "10000", "0")]]
+    lines = page.learning_section(learning, progress, cpu, "leaderboard/cpu.md")
+    assert lines[0] == "### g: at step 5,000 (the last evaluation every cell reached)"
+    assert "| sac | 300.0 ± 0.0 | 1 | 7,200 (10,000) | not recorded | not reached |" in lines
+    assert "| simbav2 | 450.0 ± 50.0 | 2 | 10,000, 10,000 (10,000) | not recorded | 1000.0 ± 100.0 |" in lines
+    assert [line for line in lines if "on a CPU" in line] == [
+        "| keelrl on a CPU (leaderboard/cpu.md), Hopper-v5 at 10,000: sac | | 3 | 10,000 | | 2165.1 ± 724.5 |"]
+    assert "| published, Hopper-v4 at 100k: SAC | | 10 | 100,000 | | 1103 |" in lines
 
 
 def test_sync_counting_counts_the_sync_warnings_by_line_and_passes_the_others_on(monkeypatch, recwarn):
@@ -166,35 +190,44 @@ def test_speed_rows_of_two_leases_merge_and_other_commits_are_refused(tmp_path):
         page.same_run((tmp_path / "a", tmp_path / "c"))
 
 
-def write_evidence_folder(folder, device: str, grids: dict[str, str]) -> None:
-    """A collect's files: one seed-1 cell per grid, evaluated at step 5000 with return `grids[grid]`."""
+def write_evidence_folder(folder, device: str, entries: dict[tuple[str, str], tuple[int, str]]) -> None:
+    """A collect's files: one seed-1 cell per (grid, agent), last evaluated at `step` with return `value`
+    (entries[grid, agent] = step, value)."""
     folder.mkdir()
     (folder / "machine.json").write_text(json.dumps(dict(device=device, cpus=16, torch="2.11", commit="abc1234")))
     for name, fields, rows in (
             ("learning.csv", evidence.LEARNING_FIELDS,
-             [dict(grid=grid, agent="a", task="t", seed=1, step=5000, mean_return=value, normalized_score="")
-              for grid, value in grids.items()]),
+             [dict(grid=grid, agent=agent, task="t", seed=1, step=step, mean_return=value, normalized_score="")
+              for (grid, agent), (step, value) in entries.items()]),
             ("progress.csv", evidence.PROGRESS_FIELDS,
-             [dict(grid=grid, agent="a", task="t", seed=1, state="resume", last_step=5500, last_evaluation=5000,
-                   budget=100000) for grid in grids])):
+             [dict(grid=grid, agent=agent, task="t", seed=1, state="resume", last_step=step + 500,
+                   last_evaluation=step, budget=100000) for (grid, agent), (step, _) in entries.items()])):
         with (folder / name).open("w", newline="") as file:
             writer = csv.DictWriter(file, fields)
             writer.writeheader()
             writer.writerows(rows)
 
 
-def test_each_grid_comes_from_the_latest_collect_that_ran_it_and_names_its_machine(tmp_path):
-    write_evidence_folder(tmp_path / "a", "NVIDIA H100", {"online": "10.0", "offline": "20.0"})
-    write_evidence_folder(tmp_path / "b", "NVIDIA H200", {"online": "30.0"})
+def test_each_entry_comes_from_the_collect_whose_cells_of_it_got_furthest_and_names_its_machine(tmp_path):
+    """A later lease ran two online entries: `simba` further than before, `scalar` less far (a short lease)."""
+    write_evidence_folder(tmp_path / "a", "NVIDIA H100", {("online", "scalar"): (35000, "10.0"),
+                                                          ("online", "simba"): (20000, "11.0"),
+                                                          ("offline", "cql"): (5000, "20.0")})
+    write_evidence_folder(tmp_path / "b", "NVIDIA H200", {("online", "scalar"): (10000, "5.0"),
+                                                          ("online", "simba"): (100000, "30.0")})
     merged = page.merged_learning((tmp_path / "a", tmp_path / "b"))
-    assert sorted((row["grid"], row["mean_return"]) for row in merged.learning) == [
-        ("offline", "20.0"), ("online", "30.0")]
-    assert sorted(row["grid"] for row in merged.progress) == ["offline", "online"]
+    assert [(row["grid"], row["agent"], row["mean_return"]) for row in merged.learning] == [
+        ("online", "scalar", "10.0"), ("online", "simba", "30.0"), ("offline", "cql", "20.0")]
+    assert [int(row["last_evaluation"]) for row in merged.progress] == [35000, 100000, 5000]
     assert page.learning_machines(merged.machines) == [
-        "The cells of online ran on NVIDIA H200 (16 CPU cores), torch 2.11, keelrl at commit abc1234.",
+        "The cells of online (scalar) ran on NVIDIA H100 (16 CPU cores), torch 2.11, keelrl at commit abc1234.",
+        "The cells of online (simba) ran on NVIDIA H200 (16 CPU cores), torch 2.11, keelrl at commit abc1234.",
         "The cells of offline ran on NVIDIA H100 (16 CPU cores), torch 2.11, keelrl at commit abc1234.", ""]
-    assert page.learning_machines({"online": merged.machines["online"]})[0].startswith(
+    assert page.learning_machines({("online", "simba"): merged.machines["online", "simba"]})[0].startswith(
         "The learning cells ran on NVIDIA H200")
+    write_evidence_folder(tmp_path / "c", "NVIDIA H100", {("online", "scalar"): (35000, "12.0")})
+    again = page.merged_learning((tmp_path / "a", tmp_path / "b", tmp_path / "c"))
+    assert again.learning[0]["mean_return"] == "12.0"  # as far as before: the later collect's
 
 
 def test_cudagraphs_graphs_the_online_cells_alone_and_collect_reports_the_cells_that_ran(tmp_path):
@@ -215,8 +248,8 @@ def test_learning_table_lists_every_cell_before_any_common_evaluation():
     learning = [dict(grid="g", agent="sac", task="t", seed=1, step=5000, mean_return="17.0", normalized_score="")]
     lines = page.learning_section(learning, progress)
     assert lines[0] == "### g: no step every cell evaluated (some had not reached their first evaluation)"
-    assert "| sac | not measured | 0 | 6,000 (100,000) | not recorded |" in lines
-    assert "| simbav2 | not measured | 0 | 4,000 (100,000) | not recorded |" in lines
+    assert "| sac | not measured | 0 | 6,000 (100,000) | not recorded | not reached |" in lines
+    assert "| simbav2 | not measured | 0 | 4,000 (100,000) | not recorded | not reached |" in lines
 
 
 def test_a_failed_cell_is_collected_as_failed_with_its_error_and_its_entry_can_be_retried(tmp_path):

@@ -7,17 +7,19 @@
     python -m keelrl.benchmarks.gpu.evidence start --cudagraphs --batch-seeds   # each entry's seeds in one process
     python -m keelrl.benchmarks.gpu.evidence start --cudagraphs --retry-failed  # entries whose cells all failed, again
     python -m keelrl.benchmarks.gpu.evidence start --cudagraphs --batch-seeds --mps   # the processes share the GPU
+    python -m keelrl.benchmarks.gpu.evidence start --agents sac-simbav2 sac-simba --mps --serial-without-mps ...
+        # without MPS, one process after another in that order
 
 `start` launches `run` in its own session (setsid), so the cells outlive the command that started them while the
-machine is held; `run` is the leaderboard of both grids with one worker per cell. `collect` waits the given minutes
-(returning early once every cell has finished), writing into RESULTS what the cells have so far at every poll (so a
-collect cut short leaves what it had): learning.csv (every evaluation: agent, task, seed, step, mean return,
-normalised score where the task has reference returns), progress.csv (each cell's last logged step, last evaluated
-step, state, failed included, the seeds its process trains, and its steps per second of wall-clock time since its
-first evaluation), machine.json (the device, the commit, which may differ from the speed step's, and whether the cells
-share the GPU through MPS), the last lines of the leaderboard's log (which starts with the command of every `start`)
-and cell_logs.txt (the end of each failed cell's own log: its error). Collect again later for more; the cells keep
-running meanwhile.
+machine is held; `run` is the leaderboard of both grids with one worker per cell (or --processes). `collect` waits the
+given minutes (returning early once every cell has started and finished), writing into RESULTS what the cells have
+so far at every poll (so a collect cut short leaves what it had): learning.csv (every evaluation: agent, task, seed,
+step, mean return, normalised score where the task has reference returns), progress.csv (each cell's last logged
+step, last evaluated step, state, failed included, the seeds its process trains, and its steps per second of
+wall-clock time since its first evaluation), machine.json (the device, the commit, which may differ from the speed
+step's, and whether the cells share the GPU through MPS), the last lines of the leaderboard's log (which starts with
+the command of every `start`) and cell_logs.txt (the end of each failed cell's own log: its error). Collect again
+later for more; the cells keep running meanwhile.
 """
 
 from __future__ import annotations
@@ -68,7 +70,8 @@ class Args:
     datasets: Path = Path(".gpu/minari")
     """MINARI_DATASETS_PATH of the offline cells"""
     agents: tuple[str, ...] = ()
-    """only these entries of the grids (default: every one)"""
+    """only these entries of the grids (default: every one), in this order: the order their processes start in where
+    they do not all start at once (--serial-without-mps)"""
     cudagraphs: bool = False
     """the online (SAC) cells with --cudagraphs: each update replayed as one CUDA graph, losses compiled, several
     times eager's steps/s (benchmarks/results/gpu.md); CUDA only"""
@@ -84,6 +87,13 @@ class Args:
     """start: run the cells as clients of CUDA's Multi-Process Service (benchmarks/gpu/mps.py), so that their kernels
     share the GPU side by side instead of taking turns; if it cannot start, the cells go on without it, and
     machine.json says which"""
+    serial_without_mps: bool = False
+    """start, with --mps: where MPS is off, the entries' processes run one after another in the order of --agents,
+    each alone on the GPU, instead of all at once taking turns (four seed groups taking turns ran about 40 loop
+    steps/s each on an H200 where one SAC process alone ran 470.8): the first entries reach the budget within a
+    lease, the last may not start"""
+    processes: int = 0
+    """start, run: at most this many cell processes at once (0: every cell's at once)"""
     commit_file: Path = Path(".gpu/commit.txt")
     """collect: where prepare.sh recorded the commit the cells run"""
 
@@ -97,7 +107,8 @@ def grids(args: Args) -> list[leaderboard.Grid]:
         online |= {"learning-starts": TINY_LEARNING_STARTS}  # updates begin within the tiny budget
     chosen = []
     for grid in map(leaderboard.load_grid, GRIDS):
-        agents = tuple(agent for agent in grid.agents if not args.agents or agent.name in args.agents)
+        agents = grid.agents if not args.agents else tuple(agent for name in args.agents for agent in grid.agents
+                                                            if agent.name == name)
         tasks = tuple(dataclasses.replace(task, steps=TINY_STEPS) if args.tiny else task for task in grid.tasks)
         grid_options = grid.options | options | (online if grid.family == "online" else {})
         if agents:
@@ -136,11 +147,16 @@ def start(args: Args) -> None:
         args = dataclasses.replace(args, agents=entries, batch_seeds=False, retry_failed=False)
     args.runs_dir.mkdir(parents=True, exist_ok=True)
     if args.mps:
-        print(f"MPS: {mps.start(args.runs_dir / MPS_RECORD)['mps']}")
+        sharing = mps.start(args.runs_dir / MPS_RECORD)["mps"]
+        print(f"MPS: {sharing}")
+        if args.serial_without_mps and sharing != mps.ON:
+            args = dataclasses.replace(args, processes=1)
+            print(f"the entries' processes run one after another: {', '.join(args.agents) or 'in grid order'}")
     command = [sys.executable, "-m", "keelrl.benchmarks.gpu.evidence", "run", "--runs-dir", str(args.runs_dir),
                "--device", args.device, "--datasets", str(args.datasets.resolve()), *(["--tiny"] if args.tiny else []),
                *(["--agents", *args.agents] if args.agents else []), *(["--cudagraphs"] if args.cudagraphs else []),
-               *(["--batch-seeds"] if args.batch_seeds else [])]
+               *(["--batch-seeds"] if args.batch_seeds else []),
+               *(["--processes", str(args.processes)] if args.processes else [])]
     with (args.runs_dir / LOG_NAME).open("a") as log:
         log.write(f"$ {shlex.join(command[1:])}\n")
         log.flush()
@@ -150,7 +166,8 @@ def start(args: Args) -> None:
 
 def run(args: Args) -> None:
     os.environ["MINARI_DATASETS_PATH"] = str(args.datasets.resolve())
-    leaderboard.run_grids(grids(args), args.runs_dir, workers=len(cells(args)), batch_seeds=args.batch_seeds)
+    leaderboard.run_grids(grids(args), args.runs_dir, workers=args.processes or len(cells(args)),
+                          batch_seeds=args.batch_seeds)
 
 
 def evaluations(cell: leaderboard.Cell) -> list[dict]:
@@ -169,17 +186,21 @@ def evaluations(cell: leaderboard.Cell) -> list[dict]:
 
 def collect(args: Args) -> None:
     """Wait up to --wait-minutes for the cells, writing learning.csv, progress.csv, the logs' tails and machine.json
-    at every poll. Only the cells `run` started count: a lease that ran some entries (--agents) reports those alone."""
-    every = started_cells(args)
+    at every poll; return early once every cell of --agents has started and ended. Only the cells `run` has started
+    count (looked for again at every poll: a cell queued behind others starts later, --serial-without-mps): a lease
+    that ran some entries reports those alone."""
     deadline = time.monotonic() + 60 * args.wait_minutes
     device = machine(args.device, args.commit_file) | mps.recorded(args.runs_dir / MPS_RECORD)
-    progress = write_results(args, every, device)
-    while time.monotonic() < deadline and any(row["state"] not in ("done", "failed") for row in progress):
+    while True:
+        started = started_cells(args)
+        progress = write_results(args, started, device)
+        queued = len(cells(args)) - len(started)
+        if time.monotonic() >= deadline or not queued and all(row["state"] in ("done", "failed") for row in progress):
+            break
         time.sleep(POLL_SECONDS)
-        progress = write_results(args, every, device)
     reached = min((row["last_evaluation"] for row in progress), default=0)
-    print(f"collected {len(every)} cells; every cell evaluated at step {reached}; "
-          f"{sum(row['state'] == 'failed' for row in progress)} failed")
+    print(f"collected {len(started)} cells; every cell evaluated at step {reached}; "
+          f"{sum(row['state'] == 'failed' for row in progress)} failed; {queued} not started")
 
 
 def rate_since_first_evaluation(cell: leaderboard.Cell, logged: list[tuple[int, float]]) -> str:
@@ -223,6 +244,9 @@ def write_results(args: Args, every: list[leaderboard.Cell], device: dict) -> li
 def main(args: Args) -> None:
     if args.action == "collect" and args.out is None:
         raise SystemExit("collect writes its files into --out: give it (on the GPU machine: --out $OUT)")
+    if args.serial_without_mps and not args.mps:
+        raise SystemExit("--serial-without-mps says what to do when MPS is off: it goes with --mps (for one process "
+                         "at a time in any case, give --processes 1)")
     {"start": start, "run": run, "collect": collect}[args.action](args)
 
 

@@ -8,19 +8,23 @@ file in a later folder replaces the same file of an earlier one, but for two kin
 - speed.csv: a short lease may time some settings (speed.py --only) and the next lease of the same machine the
   others; a measured row is kept unless a later folder measured the same setting again. Folders of different
   commits or devices are refused: their figures do not belong in one table.
-- learning.csv and progress.csv: per grid, the latest folder holding that grid's cells gives its rows, and its
-  machine.json the machine the page names beside them (a lease may run one grid, `evidence.py --agents`).
+- learning.csv and progress.csv: per entry of a grid, the folder whose cells of that entry reached the furthest
+  evaluation (the later one on ties) gives its rows, and its machine.json the machine the page names beside them
+  (a lease may run some entries only, `evidence.py --agents`, and a short lease's may get less far than an earlier
+  one's).
 seeds.md is named by the machine of its own folder (machine.json or environment.json there). The page names
 the GPU, torch and the commit, gives the speed table with keelrl's best setting over LeanRL's best and over
 CleanRL, the smoke runs, the seeds table, and the learning table at the last evaluation step every cell of a grid
-reached, beside the SimbaV2 repository's published Hopper-v4 figures (REFERENCES.md) and the behaviour policy of
-the dataset; the curves go into a PNG beside the page.
+reached and at the budget, beside the SimbaV2 repository's published Hopper-v4 figures (REFERENCES.md), keelrl's
+own figures at the same budget from the CPU leaderboard (--cpu-cells) and the behaviour policy of the dataset; the
+curves go into a PNG beside the page.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import statistics
 from collections import defaultdict
 from pathlib import Path
@@ -50,6 +54,9 @@ class Args:
     """the page; its curves go beside it as <name>_curves.png"""
     note: str = ""
     """a paragraph under the commands: how this page's leases differed from them (e.g. --only, a shorter deadline)"""
+    cpu_cells: Path = Path("benchmarks/results/leaderboard/cpu-evidence_cells.csv")
+    """the CPU leaderboard's table of cells (<name>_cells.csv): its entries of an online grid's name, task and budget
+    stand beside the GPU's at the budget (the same agent and settings on another machine); a missing file adds none"""
 
 
 def read_files(folders: tuple[Path, ...]) -> dict[str, Path]:
@@ -127,24 +134,31 @@ def smoke_section(rows: list[dict]) -> list[str]:
 
 @dataclasses.dataclass
 class Learning:
-    """The evaluations and cell progress of every grid, each grid from the latest folder that ran it, and the
-    machine (evidence.py's machine.json) of each grid's folder."""
+    """The evaluations and cell progress of every grid entry, each entry from the folder whose cells of it got
+    furthest, and the machine (evidence.py's machine.json) of each entry's folder."""
     learning: list[dict]
     progress: list[dict]
-    machines: dict[str, dict | None]  # grid -> machine.json, None where the folder has none
+    machines: dict[tuple[str, str], dict | None]  # (grid, agent) -> machine.json, None where the folder has none
 
 
 def merged_learning(folders: tuple[Path, ...]) -> Learning:
-    latest: dict[str, Path] = {}  # grid -> the latest folder whose progress.csv holds its cells
+    chosen: dict[tuple[str, str], tuple[int, Path]] = {}  # (grid, agent) -> (evaluated by every cell, folder)
     for folder in folders:
-        latest |= {row["grid"]: folder for row in read_csv(folder / "progress.csv")}
+        evaluated: dict[tuple[str, str], list[int]] = defaultdict(list)
+        for row in read_csv(folder / "progress.csv"):
+            evaluated[row["grid"], row["agent"]].append(int(row["last_evaluation"]))
+        for entry, steps in evaluated.items():
+            if min(steps) >= chosen.get(entry, (-1, folder))[0]:
+                chosen[entry] = min(steps), folder
 
     def rows(name: str) -> list[dict]:
-        return [row for grid, folder in latest.items() for row in read_csv(folder / name) if row["grid"] == grid]
+        return [row for entry, (_, folder) in chosen.items() for row in read_csv(folder / name)
+                if (row["grid"], row["agent"]) == entry]
 
     return Learning(learning=rows("learning.csv"), progress=rows("progress.csv"),
-                    machines={grid: json.loads((folder / "machine.json").read_text())
-                              if (folder / "machine.json").is_file() else None for grid, folder in latest.items()})
+                    machines={entry: json.loads((folder / "machine.json").read_text())
+                              if (folder / "machine.json").is_file() else None
+                              for entry, (_, folder) in chosen.items()})
 
 
 def seeds_of(rows: list[dict]) -> dict[tuple[str, str], list[dict]]:
@@ -160,9 +174,12 @@ def common_step(progress: list[dict], grid: str) -> int:
     return min((int(row["last_evaluation"]) for row in progress if row["grid"] == grid), default=0)
 
 
-def learning_section(learning: list[dict], progress: list[dict]) -> list[str]:
-    """Per grid: each agent's mean ± std over seeds at the step every cell reached, and the steps each seed
-    reached; the published figures and the behaviour policy beside them."""
+def learning_section(learning: list[dict], progress: list[dict], cpu_cells: list[dict] = (),
+                     cpu_page: str = "") -> list[str]:
+    """Per grid: each agent's mean ± std over seeds at the step every cell reached and at the budget (where every
+    seed of the entry reached it), and the steps each seed reached; the published figures, keelrl's figures of the
+    same entries from the CPU leaderboard (`cpu_cells`, rows of its `cpu_page`'s <name>_cells.csv) and the behaviour
+    policy beside them."""
     lines = []
     for grid in dict.fromkeys(row["grid"] for row in progress):
         step = common_step(progress, grid)
@@ -172,24 +189,42 @@ def learning_section(learning: list[dict], progress: list[dict]) -> list[str]:
                    "no step every cell evaluated (some had not reached their first evaluation)")
         lines += [f"### {grid}: {heading}", "",
                   f"| agent | {measure}, mean ± std over seeds | seeds | steps each seed reached (budget) | "
-                  "steps/s per seed |",
-                  "|---|---|---|---|---|"]
+                  "steps/s per seed | at the budget |",
+                  "|---|---|---|---|---|---|"]
         for agent in dict.fromkeys(row["agent"] for row in progress if row["grid"] == grid):
-            at_step = [float(row["normalized_score" if offline else "mean_return"]) for row in learning
-                       if row["grid"] == grid and row["agent"] == agent and int(row["step"]) == step]
             cells = [row for row in progress if row["grid"] == grid and row["agent"] == agent]
             reached, budget = [f"{int(row['last_step']):,}" for row in cells], int(cells[0]["budget"])
-            spread = statistics.pstdev(at_step) if len(at_step) > 1 else 0.0
-            score = f"{statistics.mean(at_step):.1f} ± {spread:.1f}" if at_step else "not measured"
-            lines.append(f"| {agent} | {score} | {len(at_step)} | {', '.join(reached)} ({budget:,}) | "
-                         f"{rate(cells)} |")
+            at_step, at_budget = ([float(row["normalized_score" if offline else "mean_return"]) for row in learning
+                                   if row["grid"] == grid and row["agent"] == agent and int(row["step"]) == when]
+                                  for when in (step, budget))
+            lines.append(f"| {agent} | {mean_spread(at_step) or 'not measured'} | {len(at_step)} | "
+                         f"{', '.join(reached)} ({budget:,}) | {rate(cells)} | "
+                         f"{mean_spread(at_budget) if len(at_budget) == len(cells) else 'not reached'} |")
         if offline:
-            lines.append(f"| behaviour policy (the dataset) | {BEHAVIOUR_SCORE} | | | |")
+            lines.append(f"| behaviour policy (the dataset) | {BEHAVIOUR_SCORE} | | | | {BEHAVIOUR_SCORE} |")
         else:
-            lines += [f"| published, Hopper-v4 at 100k: {name} | {value} | 10 | 100,000 | |"
+            lines += [f"| published, Hopper-v4 at 100k: {name} | | 10 | 100,000 | | {value} |"
                       for name, value in PUBLISHED_HOPPER_100K.items()]
+            lines += cpu_lines(cpu_cells, cpu_page, [row for row in progress if row["grid"] == grid])
         lines.append("")
     return lines
+
+
+def cpu_lines(cpu_cells: list[dict], cpu_page: str, grid_progress: list[dict]) -> list[str]:
+    """The CPU leaderboard's entries (its cells table's rows) of an online grid's names, tasks and budgets, with a
+    finished seed, as rows of the grid's table: their return at the budget."""
+    entries, tasks = {row["agent"] for row in grid_progress}, {row["task"] for row in grid_progress}
+    budgets = {int(row["budget"]) for row in grid_progress}
+    return [f"| keelrl on a CPU ({cpu_page}), {row['task']} at {int(row['budget']):,}: {row['label']} | | "
+            f"{row['seeds_done']} | {int(row['budget']):,} | | "
+            f"{float(row['return_mean']):.1f} ± {float(row['return_std']):.1f} |"
+            for row in cpu_cells if row["family"] == "online" and row["label"] in entries and row["task"] in tasks
+            and int(row["budget"]) in budgets and int(row["seeds_done"])]
+
+
+def mean_spread(values: list[float]) -> str:
+    """'mean ± std' (ddof 0, as the leaderboard's pages) of `values`; '' for none."""
+    return f"{statistics.mean(values):.1f} ± {statistics.pstdev(values):.1f}" if values else ""
 
 
 def rate(cells: list[dict]) -> str:
@@ -213,14 +248,25 @@ def shared_through(mps: str | None) -> str:
         f", the cells' processes taking turns on the GPU (MPS was asked for but is {mps})"
 
 
-def learning_machines(machines: dict[str, dict | None]) -> list[str]:
-    """Where each grid's cells ran (evidence.py's machine.json): leases other than the speed step's may run them."""
+def learning_machines(machines: dict[tuple[str, str], dict | None]) -> list[str]:
+    """Where each grid entry's cells ran (evidence.py's machine.json): leases other than the speed step's may run
+    them, and the entries of one grid may come from different leases."""
     if len({json.dumps(machine, sort_keys=True) for machine in machines.values()}) == 1:
         machine = next(iter(machines.values()))
         return [f"The learning cells ran on {described(machine)}." if machine else
                 "Machine and commit of the learning cells: not recorded.", ""]
-    return [f"The cells of {grid} ran on {described(machine)}." if machine else
-            f"Machine and commit of the cells of {grid}: not recorded." for grid, machine in machines.items()] + [""]
+    lines = []
+    for grid in dict.fromkeys(grid for grid, _ in machines):
+        agents_on: dict[str, list[str]] = defaultdict(list)  # machine.json as text -> the grid's entries run there
+        for (entry_grid, agent), machine in machines.items():
+            if entry_grid == grid:
+                agents_on[json.dumps(machine, sort_keys=True)].append(agent)
+        for said, agents in agents_on.items():
+            whose = grid if len(agents_on) == 1 else f"{grid} ({', '.join(agents)})"
+            machine = json.loads(said)
+            lines.append(f"The cells of {whose} ran on {described(machine)}." if machine else
+                         f"Machine and commit of the cells of {whose}: not recorded.")
+    return lines + [""]
 
 
 def seeds_machine(seeds_file: Path) -> list[str]:
@@ -291,7 +337,10 @@ def write_page(args: Args) -> Path:
              "## Learning", ""]
     if evidence.learning:
         plot_curves(evidence.learning, curves)
-        lines += [*learning_machines(evidence.machines), *learning_section(evidence.learning, evidence.progress),
+        cpu_page = os.path.relpath(args.cpu_cells.with_name(args.cpu_cells.name.removesuffix("_cells.csv") + ".md"),
+                                   args.out.parent)
+        lines += [*learning_machines(evidence.machines),
+                  *learning_section(evidence.learning, evidence.progress, read_csv(args.cpu_cells), cpu_page),
                   f"![curves]({curves.name})"]
     else:
         lines.append("not measured")
