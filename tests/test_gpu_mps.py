@@ -83,6 +83,16 @@ def test_the_daemon_is_told_to_quit_when_a_client_fails_through_it(tmp_path, mon
     assert mps.start(record, control)["mps"].startswith("off: ") and len(calls()) == 2  # a retry tries nothing again
 
 
+def test_a_client_that_hangs_through_the_daemon_is_given_up_on_and_the_daemon_told_to_quit(tmp_path, monkeypatch):
+    control, calls = fake_control(tmp_path / "bin")
+    probe_that(monkeypatch, "import time; time.sleep(30)")
+    monkeypatch.setattr(mps, "PROBE_SECONDS", 1)
+    began = time.monotonic()
+    assert mps.start(tmp_path / "mps.json", control) == {
+        "mps": "off: a CUDA client did not finish within 1 s through MPS"}
+    assert time.monotonic() - began < 15 and [call["stdin"] for call in calls()] == ["", "quit\n"]
+
+
 def test_a_daemon_that_fails_to_start_is_recorded_off_and_no_client_is_tried(tmp_path, monkeypatch):
     control, calls = fake_control(tmp_path / "bin", daemon_fails=True)
     probe_that(monkeypatch, f"open({str(tmp_path / 'probed')!r}, 'w')")
@@ -128,9 +138,9 @@ def test_evidence_start_with_mps_starts_it_before_the_cells_and_collect_and_page
 
 @pytest.mark.parametrize("mps_state, ends", [
     (None, "keelrl at commit abc1234"),
-    ("off: a CUDA client did not finish within 120 s through MPS",
+    ("off: a CUDA client did not finish within 60 s through MPS",
      "the cells' processes taking turns on the GPU (MPS was asked for but is off: a CUDA client did not finish "
-     "within 120 s through MPS)")])
+     "within 60 s through MPS)")])
 def test_the_page_says_how_the_cells_shared_the_gpu_only_where_mps_was_asked_for(mps_state, ends):
     machine = dict(device="NVIDIA H200", cpus=16, torch="2.11", commit="abc1234")
     assert page.described(machine | ({"mps": mps_state} if mps_state else {})).endswith(ends)

@@ -29,7 +29,9 @@ SEARCHED = (Path("/usr/local/nvidia/bin"), Path("/usr/bin"), Path("/usr/local/cu
 """where the control program is looked for when it is not on the PATH (the device machine mounts its driver under
 /usr/local/nvidia)"""
 PROBE = [sys.executable, "-c", "import torch; x = torch.ones(8, device='cuda'); assert x.sum().item() == 8"]
-PROBE_SECONDS = 120
+PROBE_SECONDS = 60
+"""a client imports torch and makes its CUDA context through the server (seconds); every second past that is the
+lease's: a probe that outlasts it leaves the cells to share the GPU without MPS"""
 CONTROL_SECONDS = 60
 ON = "on"
 
