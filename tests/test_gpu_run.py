@@ -115,9 +115,9 @@ def test_learning_table_compares_at_the_step_every_cell_reached():
     assert f"| behaviour policy (the dataset) | {page.BEHAVIOUR_SCORE} | | | | {page.BEHAVIOUR_SCORE} |" in lines
 
 
-def test_learning_table_gives_the_entries_that_reached_the_budget_beside_the_cpu_leaderboards_figures():
+def test_learning_table_gives_the_entries_that_reached_the_budget_beside_the_cpu_leaderboards_figures(tmp_path):
     """SimbaV2 reached the budget on a later lease, SAC did not; the CPU leaderboard's SAC at that budget, task and
-    name stands beside them, its other entries and budgets do not."""
+    name stands beside them, at the common step and the budget, its other entries and budgets do not."""
     progress = [dict(grid="g", agent=agent, task="Hopper-v5", seed=seed, state=state, last_step=last,
                      last_evaluation=ev, budget="10000", steps_per_s="") for agent, seed, state, last, ev in
                 [("sac", 1, "resume", "7200", "5000"), ("simbav2", 1, "done", "10000", "10000"),
@@ -130,12 +130,25 @@ def test_learning_table_gives_the_entries_that_reached_the_budget_beside_the_cpu
                 return_std="724.47") for label, task, budget, done in
            [("sac", "Hopper-v5", "10000", "3"), ("sac", "Hopper-v5", "50000", "3"), ("sac-c51", "Hopper-v5", "10000",
             "3"), ("sac", "Walker2d-v5", "10000", "3"), ("simbav2", "Hopper-v5", "10000", "0")]]
-    lines = page.learning_section(learning, progress, cpu, "leaderboard/cpu.md")
+    curves = [dict(family="online", agent="sac", task="Hopper-v5", seed=seed, step=step, eval_return=value)
+              for seed, step, value in [(1, 5000, "100.0"), (2, 5000, "200.0"), (3, 5000, "300.0"), (1, 10000, "9.0")]]
+    (tmp_path / "leaderboard").mkdir()
+    for name, rows in (("cpu_cells.csv", cpu), ("cpu_curves.csv", curves)):
+        with (tmp_path / "leaderboard" / name).open("w", newline="") as file:
+            writer = csv.DictWriter(file, list(rows[0]))
+            writer.writeheader()
+            writer.writerows(rows)
+    leaderboard = page.cpu_leaderboard(tmp_path / "leaderboard" / "cpu_cells.csv", tmp_path / "gpu.md")
+    assert leaderboard.page == "leaderboard/cpu.md"
+    lines = page.learning_section(learning, progress, leaderboard)
     assert lines[0] == "### g: at step 5,000 (the last evaluation every cell reached)"
     assert "| sac | 300.0 ± 0.0 | 1 | 7,200 (10,000) | not recorded | not reached |" in lines
     assert "| simbav2 | 450.0 ± 50.0 | 2 | 10,000, 10,000 (10,000) | not recorded | 1000.0 ± 100.0 |" in lines
     assert [line for line in lines if "on a CPU" in line] == [
-        "| keelrl on a CPU (leaderboard/cpu.md), Hopper-v5 at 10,000: sac | | 3 | 10,000 | | 2165.1 ± 724.5 |"]
+        "| keelrl on a CPU (leaderboard/cpu.md), Hopper-v5: sac | 200.0 ± 81.6 | 3 | 10,000 (10,000) | | "
+        "2165.1 ± 724.5 |"]
+    assert page.learning_section(learning, progress, page.cpu_leaderboard(tmp_path / "none_cells.csv", tmp_path)) \
+        == page.learning_section(learning, progress)  # no CPU leaderboard there: no rows
     assert "| published, Hopper-v4 at 100k: SAC | | 10 | 100,000 | | 1103 |" in lines
 
 

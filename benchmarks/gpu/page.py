@@ -55,8 +55,9 @@ class Args:
     note: str = ""
     """a paragraph under the commands: how this page's leases differed from them (e.g. --only, a shorter deadline)"""
     cpu_cells: Path = Path("benchmarks/results/leaderboard/cpu-evidence_cells.csv")
-    """the CPU leaderboard's table of cells (<name>_cells.csv): its entries of an online grid's name, task and budget
-    stand beside the GPU's at the budget (the same agent and settings on another machine); a missing file adds none"""
+    """the CPU leaderboard's table of cells (<name>_cells.csv, its curves beside it): its entries of an online grid's
+    name, task and budget stand beside the GPU's at the grid's common step and at the budget (the same agent and
+    settings on another machine); a missing file adds none"""
 
 
 def read_files(folders: tuple[Path, ...]) -> dict[str, Path]:
@@ -174,12 +175,25 @@ def common_step(progress: list[dict], grid: str) -> int:
     return min((int(row["last_evaluation"]) for row in progress if row["grid"] == grid), default=0)
 
 
-def learning_section(learning: list[dict], progress: list[dict], cpu_cells: list[dict] = (),
-                     cpu_page: str = "") -> list[str]:
+@dataclasses.dataclass
+class CPULeaderboard:
+    """A CPU leaderboard's tables (benchmarks/leaderboard.py: <name>_cells.csv and <name>_curves.csv) and its page."""
+    page: str  # the page's path, relative to the GPU page
+    cells: list[dict]
+    curves: list[dict]
+
+
+def cpu_leaderboard(cells_file: Path, gpu_page: Path) -> CPULeaderboard:
+    """The tables of the CPU leaderboard whose cells table is `cells_file` (none where it is missing)."""
+    name = cells_file.name.removesuffix("_cells.csv")
+    return CPULeaderboard(page=os.path.relpath(cells_file.with_name(f"{name}.md"), gpu_page.parent),
+                          cells=read_csv(cells_file), curves=read_csv(cells_file.with_name(f"{name}_curves.csv")))
+
+
+def learning_section(learning: list[dict], progress: list[dict], cpu: CPULeaderboard | None = None) -> list[str]:
     """Per grid: each agent's mean ± std over seeds at the step every cell reached and at the budget (where every
     seed of the entry reached it), and the steps each seed reached; the published figures, keelrl's figures of the
-    same entries from the CPU leaderboard (`cpu_cells`, rows of its `cpu_page`'s <name>_cells.csv) and the behaviour
-    policy beside them."""
+    same entries from a CPU leaderboard (`cpu`) and the behaviour policy beside them."""
     lines = []
     for grid in dict.fromkeys(row["grid"] for row in progress):
         step = common_step(progress, grid)
@@ -205,21 +219,29 @@ def learning_section(learning: list[dict], progress: list[dict], cpu_cells: list
         else:
             lines += [f"| published, Hopper-v4 at 100k: {name} | | 10 | 100,000 | | {value} |"
                       for name, value in PUBLISHED_HOPPER_100K.items()]
-            lines += cpu_lines(cpu_cells, cpu_page, [row for row in progress if row["grid"] == grid])
+            lines += cpu_lines(cpu, [row for row in progress if row["grid"] == grid], step) if cpu else []
         lines.append("")
     return lines
 
 
-def cpu_lines(cpu_cells: list[dict], cpu_page: str, grid_progress: list[dict]) -> list[str]:
-    """The CPU leaderboard's entries (its cells table's rows) of an online grid's names, tasks and budgets, with a
-    finished seed, as rows of the grid's table: their return at the budget."""
+def cpu_lines(cpu: CPULeaderboard, grid_progress: list[dict], step: int) -> list[str]:
+    """The CPU leaderboard's entries of an online grid's names, tasks and budgets, with a finished seed, as rows of
+    the grid's table: their return at `step` (the grid's common step, where every seed of the entry was evaluated
+    there) and at the budget."""
     entries, tasks = {row["agent"] for row in grid_progress}, {row["task"] for row in grid_progress}
     budgets = {int(row["budget"]) for row in grid_progress}
-    return [f"| keelrl on a CPU ({cpu_page}), {row['task']} at {int(row['budget']):,}: {row['label']} | | "
-            f"{row['seeds_done']} | {int(row['budget']):,} | | "
-            f"{float(row['return_mean']):.1f} ± {float(row['return_std']):.1f} |"
-            for row in cpu_cells if row["family"] == "online" and row["label"] in entries and row["task"] in tasks
-            and int(row["budget"]) in budgets and int(row["seeds_done"])]
+    lines = []
+    for row in cpu.cells:
+        if not (row["family"] == "online" and row["label"] in entries and row["task"] in tasks
+                and int(row["budget"]) in budgets and int(row["seeds_done"])):
+            continue
+        at_step = [float(point["eval_return"]) for point in cpu.curves if point["family"] == "online"
+                   and point["agent"] == row["label"] and point["task"] == row["task"] and int(point["step"]) == step]
+        shown = mean_spread(at_step) if len(at_step) == int(row["seeds_done"]) else ""
+        lines.append(f"| keelrl on a CPU ({cpu.page}), {row['task']}: {row['label']} | {shown} | {row['seeds_done']} | "
+                     f"{int(row['budget']):,} ({int(row['budget']):,}) | | "
+                     f"{float(row['return_mean']):.1f} ± {float(row['return_std']):.1f} |")
+    return lines
 
 
 def mean_spread(values: list[float]) -> str:
@@ -337,10 +359,8 @@ def write_page(args: Args) -> Path:
              "## Learning", ""]
     if evidence.learning:
         plot_curves(evidence.learning, curves)
-        cpu_page = os.path.relpath(args.cpu_cells.with_name(args.cpu_cells.name.removesuffix("_cells.csv") + ".md"),
-                                   args.out.parent)
         lines += [*learning_machines(evidence.machines),
-                  *learning_section(evidence.learning, evidence.progress, read_csv(args.cpu_cells), cpu_page),
+                  *learning_section(evidence.learning, evidence.progress, cpu_leaderboard(args.cpu_cells, args.out)),
                   f"![curves]({curves.name})"]
     else:
         lines.append("not measured")
