@@ -194,7 +194,7 @@ def test_serial_without_mps_runs_the_entries_one_after_another_in_the_order_give
     evidence.start(args)
     [command] = launched
     assert (command[command.index("--processes") + 1] if "--processes" in command else None) == processes
-    run = evidence.Args(**{**dataclasses.asdict(args), "action": "run", "processes": int(processes or 0)})
+    run = dataclasses.replace(args, action="run", processes=int(processes or 0))
     assert [(cell.agent.name, cell.seed) for cell in evidence.cells(run)] == [
         ("sac-simbav2", 1), ("sac-simbav2", 2), ("sac-simbav2", 3), ("sac-simba", 1), ("sac-simba", 2),
         ("sac-simba", 3)]  # the order their processes start in

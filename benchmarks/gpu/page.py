@@ -149,7 +149,7 @@ def merged_learning(folders: tuple[Path, ...]) -> Learning:
         for row in read_csv(folder / "progress.csv"):
             evaluated[row["grid"], row["agent"]].append(int(row["last_evaluation"]))
         for entry, steps in evaluated.items():
-            if min(steps) >= chosen.get(entry, (-1, folder))[0]:
+            if min(steps) >= chosen.get(entry, (-1, None))[0]:  # as far or further: the later folder's
                 chosen[entry] = min(steps), folder
 
     def rows(name: str) -> list[dict]:
