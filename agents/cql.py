@@ -133,9 +133,10 @@ class CQLConfig(DatasetOptions, RunOptions):
     """updates between evaluations (0: only at the end)"""
     device: str = "cpu"
     """torch device for networks and dataset"""
-    precision: Literal["fp32", "bf16"] = "fp32"
-    """'fp32', or 'bf16': matrix products in bfloat16 under autocast; weights, optimiser state, losses, TD targets,
-    log-probabilities and target updates stay float32 (fast only where the CPU or GPU has native bf16)"""
+    precision: Literal["fp32", "tf32", "bf16"] = "fp32"
+    """'fp32'; 'tf32': during a run, CUDA multiplies float32 matrices on TensorFloat-32 tensor cores (Ampere on; JAX's
+    default there); 'bf16': matrix products in bfloat16 under autocast (fast only where the CPU or GPU has native
+    bf16). Weights, optimiser state, losses, TD targets, log-probabilities and target updates stay float32"""
     preset: Literal["wsrl"] | None = None
     """'wsrl': the pre-training WSRL fine-tunes from (its locomotion CQL with --use_redq, see PRESETS); an explicit
     option that contradicts it is refused"""

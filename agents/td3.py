@@ -126,9 +126,10 @@ class TD3Config(NetworkOptions, RunOptions):
     """the SimBa or SimbaV2 paper's settings in one flag; an explicit option that contradicts it is refused"""
     device: str = "cpu"
     """torch device for networks and replay buffer"""
-    precision: Literal["fp32", "bf16"] = "fp32"
-    """'fp32', or 'bf16': matrix products in bfloat16 under autocast; weights, optimiser state, losses, TD targets,
-    log-probabilities and target updates stay float32 (fast only where the CPU or GPU has native bf16)"""
+    precision: Literal["fp32", "tf32", "bf16"] = "fp32"
+    """'fp32'; 'tf32': during a run, CUDA multiplies float32 matrices on TensorFloat-32 tensor cores (Ampere on; JAX's
+    default there); 'bf16': matrix products in bfloat16 under autocast (fast only where the CPU or GPU has native
+    bf16). Weights, optimiser state, losses, TD targets, log-probabilities and target updates stay float32"""
     compile: bool = False
     """compile the loss computations with torch.compile (a C++ compiler is needed on CPU)"""
     cudagraphs: bool = False

@@ -26,6 +26,7 @@ from keelrl.networks.training import (
     optimizer_step,
     pack_training_state,
     scale_learning_rates,
+    set_float32_matmuls,
     soft_update,
     unpack_training_state,
 )
@@ -39,4 +40,5 @@ __all__ = ["mlp", "orthogonal_init_", "NumpyMLP", "EnsembleLinear", "EnsembleMLP
            "ObGD", "StreamMLP", "sparse_init_", "td_target",
            "NetworkOptions", "build_actor", "build_critic", "build_head", "validate_network_options",
            "check_device", "clip_gradient_norm", "loss_function", "make_optimizer", "optimizer_step", "scale_learning_rates", "soft_update", "frozen",
-           "pack_training_state", "unpack_training_state", "check_precision", "matmul_precision", "to_device"]
+           "pack_training_state", "unpack_training_state", "check_precision", "matmul_precision",
+           "set_float32_matmuls", "to_device"]

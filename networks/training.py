@@ -74,11 +74,12 @@ def loss_function(loss_fn: Callable, precision: str, device: str, compile: bool 
     so each call casts the weights as they are at that moment and the backward pass and optimiser step that
     follow run outside autocast, and through torch.compile when asked. Only loss computations are compiled
     (forward, and with it the backward graph); the optimiser steps run eagerly. (--cudagraphs captures the whole
-    update around them: networks/cuda_graphs.py.) With fp32 and no compilation it is `loss_fn` itself. With
-    `seeds_of` (the agent, which may hold several seeds: networks/seeds.py), a seed group calls it once per seed in
-    one batched pass, compiled as one when asked."""
+    update around them: networks/cuda_graphs.py.) With fp32 or tf32 (a setting of the whole run,
+    `set_float32_matmuls`) and no compilation it is `loss_fn` itself. With `seeds_of` (the agent, which may hold
+    several seeds: networks/seeds.py), a seed group calls it once per seed in one batched pass, compiled as one when
+    asked."""
     single = loss_fn
-    if precision != "fp32":
+    if precision == "bf16":
         single = _under_precision(single, precision, device)
     if compile:
         single = torch.compile(single)
@@ -149,8 +150,13 @@ def unpack_training_state(module: nn.Module, optimizers: dict[str, torch.optim.O
     return state["num_updates"]
 
 
-PRECISIONS = ("fp32", "bf16")
+PRECISIONS = ("fp32", "tf32", "bf16")
+FLOAT32_MATMULS = {"fp32": "highest", "tf32": "high", "bf16": "highest"}
+"""torch's float32 matrix-product precision during a run of each --precision: "high" lets CUDA multiply float32
+matrices on TensorFloat-32 tensor cores (inputs rounded to 10 mantissa bits, products accumulated in float32), forward
+and backward; bf16's products under autocast are bfloat16 whatever it says"""
 _warned_emulated_bf16 = False
+_warned_no_tf32 = False
 
 
 def native_bf16(device: str) -> bool:
@@ -166,11 +172,23 @@ def native_bf16(device: str) -> bool:
     return "avx512_bf16" in flags or "amx_bf16" in flags
 
 
+def native_tf32(device: str) -> bool:
+    """Whether `device` has TensorFloat-32 tensor cores (NVIDIA GPUs from Ampere, compute capability 8.0, on)."""
+    return (torch.device(device).type == "cuda" and torch.cuda.is_available()
+            and torch.cuda.get_device_capability(torch.device(device)) >= (8, 0))
+
+
 def check_precision(precision: str, device: str) -> None:
-    """Refuse an unknown --precision; say once per process when bf16 will be emulated, and so slow."""
-    global _warned_emulated_bf16
+    """Refuse an unknown --precision; say once per process when bf16 will be emulated, and so slow, and when tf32
+    has no tensor cores to run on, and so is fp32."""
+    global _warned_emulated_bf16, _warned_no_tf32
     if precision not in PRECISIONS:
         raise ValueError(f"--precision must be one of {', '.join(PRECISIONS)}, got {precision!r}.")
+    if precision == "tf32" and not native_tf32(device) and not _warned_no_tf32:
+        _warned_no_tf32 = True
+        warnings.warn(f"--precision tf32: TensorFloat-32 tensor cores are NVIDIA GPUs' from Ampere (compute "
+                      f"capability 8.0) on; on this {torch.device(device).type.upper()} float32 matrix products stay "
+                      f"full float32, as with --precision fp32.", stacklevel=2)
     if precision == "bf16" and not native_bf16(device) and not _warned_emulated_bf16:
         _warned_emulated_bf16 = True
         kind = torch.device(device).type
@@ -181,11 +199,20 @@ def check_precision(precision: str, device: str) -> None:
 
 def matmul_precision(precision: str, device: str) -> contextlib.AbstractContextManager:
     """Inside it, matrix products (linear, matmul, bmm, baddbmm) run in bfloat16 under `torch.autocast` when
-    `precision` is "bf16"; with "fp32" nothing changes. keelrl's networks cast what they return to float32, so
-    losses, TD targets, log-probabilities, entropies and α/λ stay float32, and weights and optimiser state are
-    float32 throughout. Open it around forward passes only, never around an optimiser step: autocast keeps the
-    bfloat16 copies of the weights it cast until its region closes, so a forward pass after a step inside the
-    same region would use the weights from before that step."""
-    if precision == "fp32":
+    `precision` is "bf16"; with "fp32" or "tf32" nothing changes (tf32 is the whole run's: `set_float32_matmuls`).
+    keelrl's networks cast what they return to float32, so losses, TD targets, log-probabilities, entropies and α/λ
+    stay float32, and weights and optimiser state are float32 throughout. Open it around forward passes only, never
+    around an optimiser step: autocast keeps the bfloat16 copies of the weights it cast until its region closes, so
+    a forward pass after a step inside the same region would use the weights from before that step."""
+    if precision != "bf16":
         return contextlib.nullcontext()
     return torch.autocast(torch.device(device).type, dtype=torch.bfloat16)
+
+
+def set_float32_matmuls(precision: str) -> str:
+    """Set torch's process-wide float32 matrix-product precision for a run of `precision` (FLOAT32_MATMULS: TF32
+    tensor cores for tf32, full float32 otherwise, whatever the caller had set); returns the setting it replaced,
+    for the run to give back when it ends."""
+    before = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision(FLOAT32_MATMULS[precision])
+    return before

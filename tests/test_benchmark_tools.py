@@ -1,4 +1,5 @@
-"""Benchmark tools: the run-summary table (summarize_runs) and the update products (gemm_floor)."""
+"""Benchmark tools: the run-summary table (summarize_runs), the update products (gemm_floor) and the FLOP count of
+an agent's update (update_time --flops)."""
 
 import sys
 from pathlib import Path
@@ -9,6 +10,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from keelrl.benchmarks.perf.gemm_floor import UpdateProducts
 from keelrl.benchmarks.perf.speed import Args as SpeedArgs
 from keelrl.benchmarks.perf.speed import update_flops
+from keelrl.benchmarks.perf import update_time
 from keelrl.benchmarks.checks import summarize_runs
 from keelrl.benchmarks.checks.summarize_runs import binned_returns, summarize_keelrl, table
 
@@ -166,3 +168,23 @@ def test_the_seeds_speed_script_stopped_by_sigterm_stops_its_runs_first(when, tm
     with pytest.raises(ProcessLookupError):  # the run was stopped and waited for, not left running
         os.kill(run_pid, 0)
     assert "Traceback" not in script.stderr.read()
+
+
+def test_update_time_counts_the_flops_of_an_agents_update_as_the_analytic_count_and_a_group_as_its_seeds(capsys):
+    """SAC's actor steps twice every second update: two updates average to the analytic per-update count, which
+    leaves out the few products of the entropy terms; a seed group of three multiplies three seeds' matrices."""
+    args = update_time.Args(flops=True)
+    call = update_time.prepared_call("sac", {"hidden_sizes": (256, 256), "precision": "fp32"}, args)
+    actor_twice = update_time.gflops_per_call(call)  # the second update
+    with FlopCounterMode(display=False) as third:
+        call()
+    assert (actor_twice + third.get_total_flops() / 1e9) / 2 == pytest.approx(update_flops("sac", SpeedArgs()) / 1e9,
+                                                                              rel=0.01)
+
+    def printed_gflop(num_seeds: int) -> float:  # main's last line: "  sac mlp/scalar 256-256 fp32:     0.81 GFLOP"
+        update_time.main(update_time.Args(algos=("sac",), hidden=(256,), flops=True, num_seeds=num_seeds))
+        return float(capsys.readouterr().out.splitlines()[-1].split(":")[1].split()[0])
+
+    assert printed_gflop(3) == pytest.approx(3 * printed_gflop(1), rel=0.02)
+    with pytest.raises(SystemExit, match="drop --compile"):
+        update_time.main(update_time.Args(flops=True, compile=True))

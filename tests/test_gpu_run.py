@@ -4,6 +4,7 @@ import csv
 import dataclasses
 import json
 import textwrap
+import types
 
 import pytest
 
@@ -253,6 +254,27 @@ def test_cudagraphs_graphs_the_online_cells_alone_and_collect_reports_the_cells_
     evidence.collect(dataclasses.replace(args, action="collect", out=tmp_path / "out"))
     assert [(row["agent"], row["seed"], row["state"]) for row in read(tmp_path / "out" / "progress.csv")] == [
         ("sac-simba", "2", "new")]
+
+
+def test_precision_reaches_the_online_cells_alone_and_collect_and_page_name_it(tmp_path, monkeypatch):
+    args = evidence.Args("start", runs_dir=tmp_path / "runs", device="cpu", cudagraphs=True, precision="tf32",
+                         agents=("sac-simbav2", "cql"), commit_file=tmp_path / "commit.txt")
+    commands = {cell.agent.name: cell.command() for cell in evidence.cells(args)}
+    assert ["--precision", "tf32"] == commands["sac-simbav2"][commands["sac-simbav2"].index("--precision"):][:2]
+    assert "--precision" not in commands["cql"]
+    launched = []
+    monkeypatch.setattr(evidence, "subprocess", types.SimpleNamespace(
+        Popen=lambda command, **_: launched.append(command), STDOUT=None))
+    evidence.start(args)
+    [command] = launched
+    assert ["--precision", "tf32"] == command[command.index("--precision"):][:2]  # `run` builds the same cells
+    evidence.collect(dataclasses.replace(args, action="collect", out=tmp_path / "out"))
+    machine = json.loads((tmp_path / "out" / "machine.json").read_text())
+    assert machine["precision"] == "tf32"
+    assert page.described(machine).endswith(
+        "keelrl at commit unknown, float32 matrix products on TF32 tensor cores (--precision tf32)")
+    evidence.collect(dataclasses.replace(args, action="collect", precision="fp32", out=tmp_path / "fp32"))
+    assert "precision" not in json.loads((tmp_path / "fp32" / "machine.json").read_text())
 
 
 def test_learning_table_lists_every_cell_before_any_common_evaluation():

@@ -1,6 +1,8 @@
 """--precision bf16: one update on a fixed batch matches the fp32 update within a stated tolerance, every forward
 pass of later updates multiplies by the weights as they are then, the weights and optimiser state stay float32,
-and bad values or slow hardware are said in one line."""
+and bad values or slow hardware are said in one line. --precision tf32: torch's float32 matrix-product precision
+is "high" (TF32 tensor cores on CUDA) for the whole run, single seed or seed group, and "highest" for fp32, the
+caller's own setting given back when the run ends; no autocast is opened for it."""
 
 from __future__ import annotations
 
@@ -123,10 +125,10 @@ def test_networks_return_float32_under_bf16_autocast():
 
 
 def test_bad_precision_is_refused_in_one_line_and_emulated_bf16_warns_once(monkeypatch, capsys, tmp_path):
-    with pytest.raises(SystemExit) as refused:  # the command line offers the choices (--help: {fp32,bf16})
+    with pytest.raises(SystemExit) as refused:  # the command line offers the choices (--help: {fp32,tf32,bf16})
         run_cli(sac.train, sac.SACConfig, args=["--precision", "fp16", "--runs-dir", str(tmp_path)])
     assert refused.value.code == 2 and "fp16" in capsys.readouterr().err
-    with pytest.raises(ValueError, match=r"^--precision must be one of fp32, bf16, got 'fp16'\.$"):  # in Python
+    with pytest.raises(ValueError, match=r"^--precision must be one of fp32, tf32, bf16, got 'fp16'\.$"):  # in Python
         sac.train(sac.SACConfig(precision="fp16", runs_dir=str(tmp_path)))
     monkeypatch.setattr(training, "native_bf16", lambda device: False)
     monkeypatch.setattr(training, "_warned_emulated_bf16", False)
@@ -152,3 +154,49 @@ def test_a_gpu_that_only_emulates_bf16_is_not_taken_for_native(monkeypatch):
     assert not training.native_bf16("cuda")
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: True)  # Ampere on
     assert training.native_bf16("cuda")
+
+
+RUN = dict(env_id="InvertedPendulum-v5", total_timesteps=120, learning_starts=100, batch_size=16, hidden_sizes=(16,),
+           buffer_size=500, eval_freq=0, eval_episodes=1, checkpoint_freq=120, threads=1, quiet=True)
+"""20 updates after 100 random steps"""
+
+
+@pytest.mark.parametrize("precision, caller, during", [("tf32", "highest", "high"), ("fp32", "high", "highest"),
+                                                       ("bf16", "high", "highest")])
+@pytest.mark.parametrize("num_seeds", [1, 2])
+def test_a_runs_float32_matmul_precision_is_its_own_and_the_callers_comes_back(precision, caller, during, num_seeds,
+                                                                                monkeypatch, tmp_path):
+    seen = []
+    update = sac.SAC.update
+    monkeypatch.setattr(sac.SAC, "update", lambda agent, batch: seen.append(torch.get_float32_matmul_precision())
+                        or update(agent, batch))
+    torch.set_float32_matmul_precision(caller)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # (tf32 on a CPU and emulated bf16 say so)
+            sac.train(sac.SACConfig(**RUN, precision=precision, num_seeds=num_seeds, runs_dir=str(tmp_path)))
+        after = torch.get_float32_matmul_precision()
+    finally:
+        torch.set_float32_matmul_precision("highest")
+    assert seen == [during] * 20 and after == caller
+
+
+def test_tf32_opens_no_autocast_and_warns_once_where_there_are_no_tensor_cores(monkeypatch):
+    def loss(x):
+        return x
+
+    assert training.loss_function(loss, "tf32", "cpu") is loss and training.loss_function(loss, "fp32", "cpu") is loss
+    with training.matmul_precision("tf32", "cpu"):
+        assert torch.nn.functional.linear(torch.randn(2, 3), torch.randn(4, 3)).dtype == torch.float32
+    monkeypatch.setattr(training, "_warned_no_tf32", False)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        training.check_precision("tf32", "cpu")
+        training.check_precision("tf32", "cpu")
+    assert len(caught) == 1 and str(caught[0].message) == (
+        "--precision tf32: TensorFloat-32 tensor cores are NVIDIA GPUs' from Ampere (compute capability 8.0) on; on "
+        "this CPU float32 matrix products stay full float32, as with --precision fp32.")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    for capability, native in [((7, 5), False), ((8, 0), True), ((9, 0), True)]:
+        monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None, c=capability: c)
+        assert training.native_tf32("cuda") is native and not training.native_tf32("cpu")

@@ -43,6 +43,7 @@ from keelrl.agents.harness.stopping import RunStopped, StopSignals, signal_name
 from keelrl.buffers import ReplayBuffer
 from keelrl.buffers.offline import normalized_score
 from keelrl.envs.video import VideoSource
+from keelrl.networks.training import set_float32_matmuls
 
 UNITS = {"total_timesteps": "step", "total_updates": "update", "iterations": "iteration"}
 """What one loop step of a run is, by the option that counts them (offline agents count updates, and have no
@@ -112,8 +113,10 @@ class Run:
     Constructing it validates the config, or under --resume locks the run directory (`RunDirLock`: a run that
     another process trains is refused) and loads the interrupted run's config (with
     `keep_from_command_line`, the watch and the runtime options taken from this command line) and checkpoint
-    (which must hold `checkpoint_keys`), applies --extend-to, sets torch's threads and seeds python, numpy and
-    torch. `step` counts the loop's unit (environment steps, updates, iterations) from the checkpoint on.
+    (which must hold `checkpoint_keys`), applies --extend-to, sets torch's threads (and for an agent with
+    --precision its float32 matrix-product precision, given back with the threads when the run ends) and seeds
+    python, numpy and torch. `step` counts the loop's unit (environment steps, updates, iterations) from the
+    checkpoint on.
     """
 
     def __init__(self, config: RunOptions, algo: str, validate: Callable[[Any], None], total: str,
@@ -150,6 +153,9 @@ class Run:
         self._wandb = None
         self._threads_before = torch.get_num_threads()  # given back at the end: a caller's own setting stays
         set_threads(self.config.threads)
+        # the agents with --precision: tf32 runs CUDA's float32 matrix products on tensor cores, forward and backward
+        self._float32_matmuls_before = (None if not hasattr(self.config, "precision")
+                                        else set_float32_matmuls(self.config.precision))
         seed_everything(self.config.seed)
 
     @property
@@ -240,6 +246,8 @@ class Run:
             self._wandb.finish()
         self._release_lock()
         torch.set_num_threads(self._threads_before)
+        if self._float32_matmuls_before is not None:
+            torch.set_float32_matmul_precision(self._float32_matmuls_before)
         if isinstance(exc, FloatingPointError) and not isinstance(exc, NonFinite):  # from the env or its wrappers
             raise NonFinite(f"{exc} (global step {self.step}). {self._kept()}") from None
 

@@ -9,6 +9,7 @@
     python -m keelrl.benchmarks.gpu.evidence start --cudagraphs --batch-seeds --mps   # the processes share the GPU
     python -m keelrl.benchmarks.gpu.evidence start --agents sac-simbav2 sac-simba --mps --serial-without-mps ...
         # without MPS, one process after another in that order
+    python -m keelrl.benchmarks.gpu.evidence start --cudagraphs --precision tf32   # float32 products on TF32 cores
 
 `start` launches `run` in its own session (setsid), so the cells outlive the command that started them while the
 machine is held; `run` is the leaderboard of both grids with one worker per cell (or --processes). `collect` waits the
@@ -17,9 +18,9 @@ so far at every poll (so a collect cut short leaves what it had): learning.csv (
 step, mean return, normalised score where the task has reference returns), progress.csv (each cell's last logged
 step, last evaluated step, state, failed included, the seeds its process trains, and its steps per second of
 wall-clock time since its first evaluation), machine.json (the device, the commit, which may differ from the speed
-step's, and whether the cells share the GPU through MPS), the last lines of the leaderboard's log (which starts with
-the command of every `start`) and cell_logs.txt (the end of each failed cell's own log: its error). Collect again
-later for more; the cells keep running meanwhile.
+step's, whether the cells share the GPU through MPS, and the online cells' --precision where it is not fp32), the
+last lines of the leaderboard's log (which starts with the command of every `start`) and cell_logs.txt (the end of
+each failed cell's own log: its error). Collect again later for more; the cells keep running meanwhile.
 """
 
 from __future__ import annotations
@@ -75,6 +76,10 @@ class Args:
     cudagraphs: bool = False
     """the online (SAC) cells with --cudagraphs: each update replayed as one CUDA graph, losses compiled, several
     times eager's steps/s (benchmarks/results/gpu.md); CUDA only"""
+    precision: Literal["fp32", "tf32", "bf16"] = "fp32"
+    """the online (SAC) cells' --precision: tf32 multiplies float32 matrices on TF32 tensor cores, as JAX, in which
+    the SimBa and SimbaV2 repositories are written, does there by default (collect records it in machine.json: give
+    collect the flags start had)"""
     batch_seeds: bool = False
     """the seeds of each online entry as one --num-seeds process (the leaderboard's --batch-seeds): with
     --cudagraphs, one graph replays the update of every seed, each loss batched over the seeds and compiled"""
@@ -102,6 +107,8 @@ def grids(args: Args) -> list[leaderboard.Grid]:
     """Both grids (their --agents entries) on `--device`; with --tiny, every budget TINY_STEPS, evaluations every
     TINY_EVAL_FREQ and the online cells' updates from TINY_LEARNING_STARTS."""
     options, online = {"device": args.device}, {"cudagraphs": True} if args.cudagraphs else {}
+    if args.precision != "fp32":
+        online |= {"precision": args.precision}
     if args.tiny:
         options |= {"eval-freq": TINY_EVAL_FREQ, "checkpoint-freq": TINY_STEPS, "eval-episodes": 2}
         online |= {"learning-starts": TINY_LEARNING_STARTS}  # updates begin within the tiny budget
@@ -155,7 +162,7 @@ def start(args: Args) -> None:
     command = [sys.executable, "-m", "keelrl.benchmarks.gpu.evidence", "run", "--runs-dir", str(args.runs_dir),
                "--device", args.device, "--datasets", str(args.datasets.resolve()), *(["--tiny"] if args.tiny else []),
                *(["--agents", *args.agents] if args.agents else []), *(["--cudagraphs"] if args.cudagraphs else []),
-               *(["--batch-seeds"] if args.batch_seeds else []),
+               *(["--batch-seeds"] if args.batch_seeds else []), "--precision", args.precision,
                *(["--processes", str(args.processes)] if args.processes else [])]
     with (args.runs_dir / LOG_NAME).open("a") as log:
         log.write(f"$ {shlex.join(command[1:])}\n")
@@ -191,6 +198,8 @@ def collect(args: Args) -> None:
     that ran some entries reports those alone."""
     deadline = time.monotonic() + 60 * args.wait_minutes
     device = machine(args.device, args.commit_file) | mps.recorded(args.runs_dir / MPS_RECORD)
+    if args.precision != "fp32":
+        device |= {"precision": args.precision}
     while True:
         started = started_cells(args)
         progress = write_results(args, started, device)

@@ -258,7 +258,15 @@ def rate(cells: list[dict]) -> str:
 
 def described(machine: dict) -> str:
     return f"{machine['device']} ({machine['cpus']} CPU cores), torch {machine['torch']}, keelrl at commit " \
-           f"{machine['commit']}{shared_through(machine.get('mps'))}"
+           f"{machine['commit']}{shared_through(machine.get('mps'))}{with_precision(machine.get('precision'))}"
+
+
+def with_precision(precision: str | None) -> str:
+    """The online cells' --precision, where evidence.py was given one other than fp32 (machine.json's 'precision')."""
+    if precision is None:
+        return ""
+    return ", float32 matrix products on TF32 tensor cores (--precision tf32)" if precision == "tf32" else \
+        f", --precision {precision}"
 
 
 def shared_through(mps: str | None) -> str:

@@ -7,6 +7,7 @@ machine.
     python -m keelrl.benchmarks.perf.update_time --algos sac --hidden 256 --num-seeds 3     # a --num-seeds group
     python -m keelrl.benchmarks.perf.update_time --algos sac --networks mlp/scalar simba/scalar simbav2/c51 --hidden 256
     python -m keelrl.benchmarks.perf.update_time --algos sac --hidden 256 --num-seeds 3 --act --compile  # a group acts
+    python -m keelrl.benchmarks.perf.update_time --algos sac --preset simbav2 --flops    # GFLOP of one update instead
 
 Times updates on random Hopper-sized batches (batch 256) with one torch thread, by the process's
 CPU time rather than wall-clock time: another busy process then slows the figure far less (it
@@ -19,7 +20,9 @@ does N of them per environment step. `--precisions fp32 bf16` times each setting
 products in bfloat16 under autocast, see networks/training.matmul_precision). CQL, IQL and RIQL are timed
 at their configs' defaults with `--hidden`-wide networks (`--networks` and `--preset` are SAC/TD3's).
 `--act` times the act of a training step instead (one env's observation per seed, exploration noise drawn): the
-host time a loop spends choosing each action. Reports the median over repeats.
+host time a loop spends choosing each action. Reports the median over repeats. `--flops` counts the floating-point
+operations of one eager update (or act) instead, with torch's FLOP counter (matrix products and the like; the
+elementwise work around them is not counted): the arithmetic a GPU must do per call, whatever its speed.
 """
 
 from __future__ import annotations
@@ -27,9 +30,11 @@ from __future__ import annotations
 import dataclasses
 import statistics
 import time
+from collections.abc import Callable
 
 import numpy as np
 import torch
+from torch.utils.flop_counter import FlopCounterMode
 
 from keelrl.agents import cql, iql, riql, sac, td3
 from keelrl.agents.harness.options import apply_preset, parse_command_line
@@ -61,6 +66,8 @@ class Args:
     """time one act of a training step instead of an update: one env's observation per seed, noise drawn"""
     precisions: tuple[str, ...] = ("fp32",)
     """precisions to time each setting in (fp32, bf16)"""
+    flops: bool = False
+    """count the GFLOP of one eager call (torch.utils.flop_counter) instead of timing it"""
     warmup: int = 20
     """untimed updates before the measurements (and compilation)"""
     updates: int = 150
@@ -104,8 +111,8 @@ def timed_settings(args: Args, algo: str) -> list[tuple[str, dict]]:
     return settings
 
 
-def cpu_ms_per_call(algo: str, options: dict, args: Args) -> list[float]:
-    """CPU ms per update (per act with --act) of `algo` built with `options`, one figure per repeat."""
+def prepared_call(algo: str, options: dict, args: Args) -> Callable[[], object]:
+    """One update (one act with --act) of `algo` built with `options`, on a fresh random batch at each call."""
     agent_cls, config_cls, presets = AGENTS[algo]
     config = config_cls(**options)
     if presets is not None:
@@ -125,7 +132,11 @@ def cpu_ms_per_call(algo: str, options: dict, args: Args) -> list[float]:
         return Batch(*(None if fields[0] is None else torch.stack(fields) for fields in zip(*samples)))
 
     obs = np.random.default_rng(0).normal(size=(*([args.num_seeds] if args.num_seeds > 1 else []), 1, args.obs_dim))
-    call = (lambda: agent.act(obs)) if args.act else (lambda: agent.update(batch()))
+    return (lambda: agent.act(obs)) if args.act else (lambda: agent.update(batch()))
+
+
+def cpu_ms_per_call(call: Callable[[], object], args: Args) -> list[float]:
+    """CPU ms per call, one figure per repeat."""
     for _ in range(args.warmup):  # (and compilation)
         call()
     timings = []
@@ -137,15 +148,30 @@ def cpu_ms_per_call(algo: str, options: dict, args: Args) -> list[float]:
     return timings
 
 
+def gflops_per_call(call: Callable[[], object]) -> float:
+    """GFLOP of one call, counted after a first one (which makes the optimisers' state)."""
+    call()
+    with FlopCounterMode(display=False) as counter:
+        call()
+    return counter.get_total_flops() / 1e9
+
+
 def main(args: Args) -> None:
+    if args.flops and args.compile:
+        raise SystemExit("--flops counts an eager call: drop --compile (compilation changes no arithmetic's count)")
     torch.set_num_threads(1)
-    print(f"torch {torch.__version__}, 1 thread, " + ("CPU ms per act of one env's observation" if args.act else
-                                                        "batch 256, CPU ms per update") + f" (median of {args.repeats})"
+    measured = "GFLOP per eager call" if args.flops else f"CPU ms per call (median of {args.repeats})"
+    print(f"torch {torch.__version__}, 1 thread, " + ("act of one env's observation" if args.act else
+                                                        "update of batch 256") + f", {measured}"
           f"{', --compile' if args.compile else ''}{f', --num-seeds {args.num_seeds}' if args.num_seeds > 1 else ''}")
     for algo in args.algos:
         for label, options in timed_settings(args, algo):
             for precision in args.precisions:
-                timings = cpu_ms_per_call(algo, {**options, "precision": precision}, args)
+                call = prepared_call(algo, {**options, "precision": precision}, args)
+                if args.flops:
+                    print(f"  {algo} {label} {precision}: {gflops_per_call(call):8.2f} GFLOP", flush=True)
+                    continue
+                timings = cpu_ms_per_call(call, args)
                 print(f"  {algo} {label} {precision}: {statistics.median(timings):8.2f} ms "
                       f"(min {min(timings):.2f}, max {max(timings):.2f})", flush=True)
 
