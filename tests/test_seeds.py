@@ -247,6 +247,27 @@ def test_a_seed_of_a_group_on_cuda_is_remade_alone_on_cuda():
             torch.testing.assert_close(tensor, group.state_dict()[name][index], msg=name)
 
 
+def test_a_seeds_evaluated_agent_is_brought_up_to_date_in_place_at_each_snapshot():
+    """Evaluations play `snapshot()`: the one agent made for the seed, loaded with the seed's networks (observation
+    statistics included) and update count as they are then, as a remade one would be."""
+    config = sac.SACConfig(hidden_sizes=(16,), normalize_obs=True, obs_clip=None, policy_frequency=1)
+    group = stack_seeds(lambda: sac.SAC(3, np.array([-1.0]), np.array([1.0]), config), [1, 2])
+    view = SeedView(group, 1, config, {})
+    first = view.single
+    rng = np.random.default_rng(0)
+    group.obs_norm.update(torch.as_tensor(rng.normal(3.0, 1.0, size=(2, 20, 3)), dtype=torch.float32))
+    for _ in range(3):
+        group.update(Batch(*(torch.as_tensor(rng.normal(size=(2, *shape)), dtype=torch.float32)
+                             for shape in ((8, 3), (8, 1), (8,), (8, 3))), torch.zeros(2, 8), torch.full((2, 8), 0.99)))
+    assert view.snapshot() is first and first.num_updates == group.num_updates == 3
+    remade = sac.SAC.from_model_file(view.model_file())
+    for name, tensor in remade.state_dict().items():
+        assert torch.equal(first.state_dict()[name], tensor), name
+    obs = rng.normal(size=(4, 3))
+    np.testing.assert_array_equal(first.act(obs, deterministic=True), remade.act(obs, deterministic=True))
+    assert not torch.equal(first.obs_norm.mean, SeedView(group, 0, config, {}).single.obs_norm.mean)
+
+
 def test_seed_directories_load_evaluate_and_resume_together(tmp_path, capsys):
     """A SIGTERM stops every seed at the same step, each with its checkpoint; the run directories look like
     single runs' (config.json with their seed, model.pt that SAC.load and the evaluation command read), and
