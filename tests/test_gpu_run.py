@@ -80,9 +80,21 @@ def test_tiny_run_on_the_cpu_gives_the_speed_table_the_smoke_runs_and_the_learni
         [("sac-scalar", "done", "300", "300")] * 3
     assert all(float(row["steps_per_s"]) > 0 for row in progress)  # from the first evaluation (step 100) on
 
-    written = page.write_page(page.Args(results=(results,), out=tmp_path / "gpu.md"))
+    leases = tmp_path / "leases.md"
+    leases.write_text("**Speed table** (a lease of *this* run).\n")
+    written = page.write_page(page.Args(results=(results,), out=tmp_path / "gpu.md", leases=leases))
     text = written.read_text()
     assert "A trial with --tiny" in text and "abc1234" in text
+    summary = text.split("## Summary\n\n")[1].split("\n\n")[0].splitlines()
+    keelrl = max((row for row in read(results / "speed.csv") if row["implementation"] == "keelrl"
+                  and row["steps_per_s"]), key=lambda row: float(row["steps_per_s"]))
+    best = float(keelrl["steps_per_s"])
+    assert summary[0] == f"- SAC: keelrl's best ({keelrl['setting']}, {best:.1f} steps/s) is {best / 61.5:.2f}× " \
+                         f"LeanRL's best, {best / 40.0:.2f}× CleanRL."
+    assert summary[-1].startswith("- gpu-evidence-online at its budget, step 300 (evaluation return, mean over "
+                                  "seeds, highest first): sac-scalar ")
+    how = text.split("## How it was run\n\n")[1].split("## Speed")[0]
+    assert how.rstrip().endswith("**Speed table** (a lease of *this* run).")  # the leases' file, as it is
     assert "| SAC | cleanrl | eager | 40.0 | 1.00× | 0.65× |" in text  # 40 / 61.5 = 0.65
     assert "### gpu-evidence-online: at step 300" in text
     assert "The learning cells ran on CPU (cpu)" in text and "at commit abc1234." in text
@@ -114,6 +126,10 @@ def test_learning_table_compares_at_the_step_every_cell_reached():
     assert "| cql | 35.0 ± 5.0 | 2 | 12,000, 9,000 (100,000) | 25.0 | not reached |" in lines
     assert "| iql | 44.0 ± 0.0 | 1 | 16,000 (100,000) | not recorded | not reached |" in lines
     assert f"| behaviour policy (the dataset) | {page.BEHAVIOUR_SCORE} | | | | {page.BEHAVIOUR_SCORE} |" in lines
+    assert page.learning_summary(learning, progress) == [
+        "- g at step 5,000, the last every cell reached (normalised score, mean over seeds, highest first): "
+        f"iql 44.0, cql 35.0; the 100,000-step budget: not reached by every cell; the behaviour policy (the "
+        f"dataset): {page.BEHAVIOUR_SCORE}."]
 
 
 def test_learning_table_gives_the_entries_that_reached_the_budget_beside_the_cpu_leaderboards_figures(tmp_path):
@@ -151,6 +167,12 @@ def test_learning_table_gives_the_entries_that_reached_the_budget_beside_the_cpu
     assert page.learning_section(learning, progress, page.cpu_leaderboard(tmp_path / "none_cells.csv", tmp_path)) \
         == page.learning_section(learning, progress)  # no CPU leaderboard there: no rows
     assert "| published, Hopper-v4 at 100k: SAC | | 10 | 100,000 | | 1103 |" in lines
+    assert page.learning_summary(learning, progress) == [
+        "- g at step 5,000, the last every cell reached (evaluation return, mean over seeds, highest first): "
+        "simbav2 450.0, sac 300.0; the 10,000-step budget: not reached by every cell."]
+    finished = [row for row in progress if row["agent"] == "simbav2"]
+    assert page.learning_summary(learning, finished) == [
+        "- g at its budget, step 10,000 (evaluation return, mean over seeds, highest first): simbav2 1000.0."]
 
 
 def test_sync_counting_counts_the_sync_warnings_by_line_and_passes_the_others_on(monkeypatch, recwarn):

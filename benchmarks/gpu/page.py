@@ -1,6 +1,7 @@
 """The results page of the GPU run: benchmarks/results/gpu.md and its curves, from the files the run brought back.
 
-    python -m keelrl.benchmarks.gpu.page --results SPEED_RESULTS EVIDENCE_RESULTS --out benchmarks/results/gpu.md
+    python -m keelrl.benchmarks.gpu.page --results SPEED_RESULTS EVIDENCE_RESULTS --out benchmarks/results/gpu.md \
+        [--leases benchmarks/results/gpu_leases.md]
 
 Each --results folder holds what step 1 (benchmarks/gpu/speed.py: environment.json, speed.csv, smoke.csv,
 seeds.md) or a collect of step 2 (benchmarks/gpu/evidence.py: learning.csv, progress.csv, machine.json) wrote; a
@@ -12,10 +13,11 @@ file in a later folder replaces the same file of an earlier one, but for two kin
   evaluation (the later one on ties) gives its rows, and its machine.json the machine the page names beside them
   (a lease may run some entries only, `evidence.py --agents`, and a short lease's may get less far than an earlier
   one's).
-seeds.md is named by the machine of its own folder (machine.json or environment.json there). The page names
-the GPU, torch and the commit, gives the speed table with keelrl's best setting over LeanRL's best and over
-CleanRL, the smoke runs, the seeds table, and the learning table at the last evaluation step every cell of a grid
-reached and at the budget, beside the SimbaV2 repository's published Hopper-v4 figures (REFERENCES.md), keelrl's
+seeds.md is named by the machine of its own folder (machine.json or environment.json there). The page opens with
+a summary (keelrl's best speed over LeanRL's and CleanRL's, each grid's entries ranked at the step every cell
+reached), names the GPU, torch and the commit and what each lease ran (--leases), and gives the speed table, the
+smoke runs, the seeds table, and the learning table at the last evaluation step every cell of a grid reached and
+at the budget, beside the SimbaV2 repository's published Hopper-v4 figures (REFERENCES.md), keelrl's
 own figures at the same budget from the CPU leaderboard (--cpu-cells) and the behaviour policy of the dataset; the
 curves go into a PNG beside the page.
 """
@@ -52,8 +54,9 @@ class Args:
     """folders the GPU run brought back, earliest first"""
     out: Path = Path("benchmarks/results/gpu.md")
     """the page; its curves go beside it as <name>_curves.png"""
-    note: str = ""
-    """a paragraph under the commands: how this page's leases differed from them (e.g. --only, a shorter deadline)"""
+    leases: Path | None = None
+    """a Markdown file that says what each lease ran and how it differed from the commands (e.g. --only, a shorter
+    deadline), put under the commands as it is (benchmarks/results/gpu_leases.md)"""
     cpu_cells: Path = Path("benchmarks/results/leaderboard/cpu-evidence_cells.csv")
     """the CPU leaderboard's table of cells (<name>_cells.csv, its curves beside it): its entries of an online grid's
     name, task and budget stand beside the GPU's at the grid's common step and at the budget (the same agent and
@@ -98,30 +101,43 @@ def read_csv(path: Path | None) -> list[dict]:
 
 
 def speed_section(rows: list[dict]) -> list[str]:
-    """The speed table, each measured row over CleanRL's and over LeanRL's best, and the two headline ratios."""
+    """The speed table: each measured row over CleanRL's and over LeanRL's best."""
     lines = ["| agent | implementation | setting | env-steps/s | / CleanRL | / LeanRL's best | note |",
              "|---|---|---|---|---|---|---|"]
-    headline = []
     for algo in dict.fromkeys(row["algo"] for row in rows):
         mine = [row for row in rows if row["algo"] == algo]
-        rate = {id(row): float(row["steps_per_s"]) for row in mine if row["steps_per_s"]}
-        best = {name: max((row for row in mine if row["implementation"] == name and id(row) in rate),
-                          key=lambda row: rate[id(row)], default=None) for name in ("cleanrl", "leanrl", "keelrl")}
-        cleanrl = rate[id(best["cleanrl"])] if best["cleanrl"] else None
-        leanrl = rate[id(best["leanrl"])] if best["leanrl"] else None
+        rate, best = best_rates(mine)
         for row in mine:
             value = rate.get(id(row))
-            ratios = [f"{value / base:.2f}×" if value and base else "" for base in (cleanrl, leanrl)]
+            ratios = [f"{value / base:.2f}×" if value and base else "" for base in (best["cleanrl"], best["leanrl"])]
             shown = f"{value:.1f}" if value else "not measured"
             lines.append(f"| {algo.upper()} | {row['implementation']} | {row['setting']} | {shown} | "
                          f"{' | '.join(ratios)} | {row['note']} |")
+    return lines
+
+
+def best_rates(rows: list[dict]) -> tuple[dict[int, float], dict[str, float | None]]:
+    """One agent's speed rows: the steps/s of each measured row (by id) and each implementation's best."""
+    rate = {id(row): float(row["steps_per_s"]) for row in rows if row["steps_per_s"]}
+    best = {name: max((value for row in rows if row["implementation"] == name and (value := rate.get(id(row)))),
+                      default=None) for name in ("cleanrl", "leanrl", "keelrl")}
+    return rate, best
+
+
+def speed_headline(rows: list[dict]) -> list[str]:
+    """Per agent: keelrl's best setting over LeanRL's best and over CleanRL's."""
+    headline = []
+    for algo in dict.fromkeys(row["algo"] for row in rows):
+        mine = [row for row in rows if row["algo"] == algo]
+        rate, best = best_rates(mine)
         if best["keelrl"]:
-            keel = rate[id(best["keelrl"])]
-            versus = [f"{keel / base:.2f}× {name}" for name, base in (("LeanRL's best", leanrl), ("CleanRL", cleanrl))
-                      if base]
-            headline.append(f"- {algo.upper()}: keelrl's best ({best['keelrl']['setting']}, {keel:.1f} steps/s) is "
+            setting = next(row["setting"] for row in mine
+                           if row["implementation"] == "keelrl" and rate.get(id(row)) == best["keelrl"])
+            versus = [f"{best['keelrl'] / best[name]:.2f}× {said}"
+                      for name, said in (("leanrl", "LeanRL's best"), ("cleanrl", "CleanRL")) if best[name]]
+            headline.append(f"- {algo.upper()}: keelrl's best ({setting}, {best['keelrl']:.1f} steps/s) is "
                             + (", ".join(versus) if versus else "not compared (no reference measured)") + ".")
-    return [*headline, "", *lines]
+    return headline
 
 
 def smoke_section(rows: list[dict]) -> list[str]:
@@ -208,9 +224,7 @@ def learning_section(learning: list[dict], progress: list[dict], cpu: CPULeaderb
         for agent in dict.fromkeys(row["agent"] for row in progress if row["grid"] == grid):
             cells = [row for row in progress if row["grid"] == grid and row["agent"] == agent]
             reached, budget = [f"{int(row['last_step']):,}" for row in cells], int(cells[0]["budget"])
-            at_step, at_budget = ([float(row["normalized_score" if offline else "mean_return"]) for row in learning
-                                   if row["grid"] == grid and row["agent"] == agent and int(row["step"]) == when]
-                                  for when in (step, budget))
+            at_step, at_budget = (evaluated(learning, grid, agent, when, offline) for when in (step, budget))
             lines.append(f"| {agent} | {mean_spread(at_step) or 'not measured'} | {len(at_step)} | "
                          f"{', '.join(reached)} ({budget:,}) | {rate(cells)} | "
                          f"{mean_spread(at_budget) if len(at_budget) == len(cells) else 'not reached'} |")
@@ -221,6 +235,39 @@ def learning_section(learning: list[dict], progress: list[dict], cpu: CPULeaderb
                       for name, value in PUBLISHED_HOPPER_100K.items()]
             lines += cpu_lines(cpu, [row for row in progress if row["grid"] == grid], step) if cpu else []
         lines.append("")
+    return lines
+
+
+def evaluated(learning: list[dict], grid: str, agent: str, step: int, offline: bool) -> list[float]:
+    """Each seed's evaluation of a grid entry at `step`: the normalised score offline, the return online."""
+    return [float(row["normalized_score" if offline else "mean_return"]) for row in learning
+            if row["grid"] == grid and row["agent"] == agent and int(row["step"]) == step]
+
+
+def learning_summary(learning: list[dict], progress: list[dict]) -> list[str]:
+    """Per grid, a line: each entry's mean over seeds at the step every cell reached, highest first, and at the
+    budget where every cell reached it; offline, the behaviour policy beside them."""
+    lines = []
+    for grid in dict.fromkeys(row["grid"] for row in progress):
+        cells = [row for row in progress if row["grid"] == grid]
+        step, budget = common_step(progress, grid), int(cells[0]["budget"])
+        offline = any(row["normalized_score"] for row in learning if row["grid"] == grid)
+        agents = list(dict.fromkeys(row["agent"] for row in cells))
+
+        def ranked(when: int) -> str:
+            means = {agent: statistics.mean(values) for agent in agents
+                     if (values := evaluated(learning, grid, agent, when, offline))}
+            return ", ".join(f"{agent} {mean:.1f}" for agent, mean in sorted(means.items(), key=lambda kv: -kv[1]))
+
+        measure = f"{'normalised score' if offline else 'evaluation return'}, mean over seeds, highest first"
+        if not step:
+            line = f"- {grid}: no step every cell evaluated"
+        elif step < budget:
+            line = f"- {grid} at step {step:,}, the last every cell reached ({measure}): {ranked(step)}; " \
+                   f"the {budget:,}-step budget: not reached by every cell"
+        else:
+            line = f"- {grid} at its budget, step {budget:,} ({measure}): {ranked(budget)}"
+        lines.append(line + (f"; the behaviour policy (the dataset): {BEHAVIOUR_SCORE}." if offline else "."))
     return lines
 
 
@@ -343,11 +390,15 @@ def write_page(args: Args) -> Path:
     curves = args.out.with_name(f"{args.out.stem}_curves.png")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     trial = ["", "**A trial with --tiny: a check of the scripts, not evidence.**"] if environment["tiny"] else []
+    speed_rows = merged_speed_rows(args.results)
     lines = ["# keelrl on a GPU: speed beside LeanRL and CleanRL, and learning on Hopper", *trial, "",
-             f"Machine: {environment['device']}, {environment['cpus']} CPU cores; torch {environment['torch']}"
+             "## Summary", "", *speed_headline(speed_rows),
+             *learning_summary(evidence.learning, evidence.progress), "", "## How it was run", "",
+             f"The speed step's machine: {environment['device']}, {environment['cpus']} CPU cores; torch {environment['torch']}"
              f" (CUDA {environment['cuda'] or 'none'}), Python {environment['python']}; keelrl at commit "
-             f"{environment['commit']}. How it was run (benchmarks/gpu/README.md):", "",
-             *[f"    {command}" for command in COMMANDS], "", *([args.note, ""] if args.note else []),
+             f"{environment['commit']}. The commands (benchmarks/gpu/README.md):", "",
+             *[f"    {command}" for command in COMMANDS], "",
+             *([args.leases.read_text().strip(), ""] if args.leases else []),
              "## Speed: SAC and TD3 on " + environment["env_id"], "",
              f"One run at a time on the quiet GPU: {environment['learning_starts']:,} random steps, then one update "
              f"per step; the rate over the last {environment['timed_steps']:,} steps after {environment['burn_in']:,}"
@@ -356,7 +407,7 @@ def write_page(args: Args) -> Path:
              "gymnasium 1.x through benchmarks/gpu/reference.py, but one line of LeanRL's SAC: its policy module "
              "keeps the action of get_action alone (tensordict 0.12 refuses the two outputs it leaves unnamed; "
              "benchmarks/gpu/prepare.sh).", "",
-             *speed_section(merged_speed_rows(args.results)), "",
+             *speed_section(speed_rows), "",
              f"## Every agent on the device ({environment['smoke_steps']} loop steps)", "",
              "Host synchronisations counted with CUDA's sync debug mode (benchmarks/gpu/syncs.py): one per "
              "environment step is the action going to the environment.", "",
