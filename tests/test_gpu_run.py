@@ -3,6 +3,7 @@
 import csv
 import dataclasses
 import json
+import statistics
 import textwrap
 import types
 
@@ -79,6 +80,7 @@ def test_tiny_run_on_the_cpu_gives_the_speed_table_the_smoke_runs_and_the_learni
     assert [(row["agent"], row["state"], row["last_evaluation"], row["budget"]) for row in progress] == \
         [("sac-scalar", "done", "300", "300")] * 3
     assert all(float(row["steps_per_s"]) > 0 for row in progress)  # from the first evaluation (step 100) on
+    mean_return = statistics.mean(float(row["mean_return"]) for row in learning if row["step"] == "300")
 
     leases = tmp_path / "leases.md"
     leases.write_text("**Speed table** (a lease of *this* run).\n")
@@ -91,8 +93,8 @@ def test_tiny_run_on_the_cpu_gives_the_speed_table_the_smoke_runs_and_the_learni
     best = float(keelrl["steps_per_s"])
     assert summary[0] == f"- SAC: keelrl's best ({keelrl['setting']}, {best:.1f} steps/s) is {best / 61.5:.2f}× " \
                          f"LeanRL's best, {best / 40.0:.2f}× CleanRL."
-    assert summary[-1].startswith("- gpu-evidence-online at its budget, step 300 (evaluation return, mean over "
-                                  "seeds, highest first): sac-scalar ")
+    assert summary[-3:-1] == ["- gpu-evidence-online (evaluation return, mean over seeds, highest first):",
+                              f"  - at the 300-step budget: sac-scalar {mean_return:.1f}"]
     how = text.split("## How it was run\n\n")[1].split("## Speed")[0]
     assert how.rstrip().endswith("**Speed table** (a lease of *this* run).")  # the leases' file, as it is
     assert "| SAC | cleanrl | eager | 40.0 | 1.00× | 0.65× |" in text  # 40 / 61.5 = 0.65
@@ -127,9 +129,10 @@ def test_learning_table_compares_at_the_step_every_cell_reached():
     assert "| iql | 44.0 ± 0.0 | 1 | 16,000 (100,000) | not recorded | not reached |" in lines
     assert f"| behaviour policy (the dataset) | {page.BEHAVIOUR_SCORE} | | | | {page.BEHAVIOUR_SCORE} |" in lines
     assert page.learning_summary(learning, progress) == [
-        "- g at step 5,000, the last every cell reached (normalised score, mean over seeds, highest first): "
-        f"iql 44.0, cql 35.0; the 100,000-step budget: not reached by every cell; the behaviour policy (the "
-        f"dataset): {page.BEHAVIOUR_SCORE}."]
+        "- g (normalised score, mean over seeds, highest first):",
+        "  - at step 5,000, the last every cell reached: iql 44.0, cql 35.0",
+        "  - at the 100,000-step budget: not reached by cql, iql",
+        f"  - the behaviour policy (the dataset): {page.BEHAVIOUR_SCORE}"]
 
 
 def test_learning_table_gives_the_entries_that_reached_the_budget_beside_the_cpu_leaderboards_figures(tmp_path):
@@ -167,12 +170,19 @@ def test_learning_table_gives_the_entries_that_reached_the_budget_beside_the_cpu
     assert page.learning_section(learning, progress, page.cpu_leaderboard(tmp_path / "none_cells.csv", tmp_path)) \
         == page.learning_section(learning, progress)  # no CPU leaderboard there: no rows
     assert "| published, Hopper-v4 at 100k: SAC | | 10 | 100,000 | | 1103 |" in lines
-    assert page.learning_summary(learning, progress) == [
-        "- g at step 5,000, the last every cell reached (evaluation return, mean over seeds, highest first): "
-        "simbav2 450.0, sac 300.0; the 10,000-step budget: not reached by every cell."]
+    published = "  - published, Hopper-v4 at 100k steps: SimbaV2 (UTD 2) 2821.0, SAC 1103.0"
+    assert page.learning_summary(learning, progress, leaderboard) == [
+        "- g (evaluation return, mean over seeds, highest first):",
+        "  - at step 5,000, the last every cell reached: simbav2 450.0, sac 300.0",
+        "  - at the 10,000-step budget: simbav2 1000.0; not reached by sac",
+        "  - keelrl on a CPU (leaderboard/cpu.md) at the 10,000-step budget: sac 2165.1", published]
     finished = [row for row in progress if row["agent"] == "simbav2"]
     assert page.learning_summary(learning, finished) == [
-        "- g at its budget, step 10,000 (evaluation return, mean over seeds, highest first): simbav2 1000.0."]
+        "- g (evaluation return, mean over seeds, highest first):", "  - at the 10,000-step budget: simbav2 1000.0",
+        published]
+    behind = dict(finished[0], seed=3, state="resume", last_step="9000", last_evaluation="5000")
+    assert page.learning_summary(learning, [*finished, behind])[2] == \
+        "  - at the 10,000-step budget: not reached by simbav2"  # a seed short of it: not the others' mean
 
 
 def test_sync_counting_counts_the_sync_warnings_by_line_and_passes_the_others_on(monkeypatch, recwarn):

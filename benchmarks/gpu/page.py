@@ -244,44 +244,60 @@ def evaluated(learning: list[dict], grid: str, agent: str, step: int, offline: b
             if row["grid"] == grid and row["agent"] == agent and int(row["step"]) == step]
 
 
-def learning_summary(learning: list[dict], progress: list[dict]) -> list[str]:
-    """Per grid, a line: each entry's mean over seeds at the step every cell reached, highest first, and at the
-    budget where every cell reached it; offline, the behaviour policy beside them."""
+def learning_summary(learning: list[dict], progress: list[dict], cpu: CPULeaderboard | None = None) -> list[str]:
+    """Per grid: each entry's mean over seeds, highest first, at the step every cell reached and at the budget (the
+    entries every seed of which reached it, and those that did not); online, the CPU leaderboard's entries at the
+    budget (`cpu`), offline the behaviour policy."""
     lines = []
     for grid in dict.fromkeys(row["grid"] for row in progress):
         cells = [row for row in progress if row["grid"] == grid]
         step, budget = common_step(progress, grid), int(cells[0]["budget"])
         offline = any(row["normalized_score"] for row in learning if row["grid"] == grid)
-        agents = list(dict.fromkeys(row["agent"] for row in cells))
-
-        def ranked(when: int) -> str:
-            means = {agent: statistics.mean(values) for agent in agents
-                     if (values := evaluated(learning, grid, agent, when, offline))}
-            return ", ".join(f"{agent} {mean:.1f}" for agent, mean in sorted(means.items(), key=lambda kv: -kv[1]))
-
-        measure = f"{'normalised score' if offline else 'evaluation return'}, mean over seeds, highest first"
-        if not step:
-            line = f"- {grid}: no step every cell evaluated"
-        elif step < budget:
-            line = f"- {grid} at step {step:,}, the last every cell reached ({measure}): {ranked(step)}; " \
-                   f"the {budget:,}-step budget: not reached by every cell"
-        else:
-            line = f"- {grid} at its budget, step {budget:,} ({measure}): {ranked(budget)}"
-        lines.append(line + (f"; the behaviour policy (the dataset): {BEHAVIOUR_SCORE}." if offline else "."))
+        means: dict[int, dict[str, float]] = {when: {} for when in (step, budget)}
+        short = []  # the entries some seed of which did not reach the budget
+        for agent in dict.fromkeys(row["agent"] for row in cells):
+            for when in (step, budget):
+                if values := evaluated(learning, grid, agent, when, offline):
+                    means[when][agent] = statistics.mean(values)
+            if len(evaluated(learning, grid, agent, budget, offline)) < sum(row["agent"] == agent for row in cells):
+                means[budget].pop(agent, None)
+                short.append(agent)
+        lines.append(f"- {grid} ({'normalised score' if offline else 'evaluation return'}, mean over seeds, "
+                     "highest first):")
+        if step < budget:
+            lines.append(f"  - at step {step:,}, the last every cell reached: {ranked(means[step]) or 'none'}"
+                         if step else "  - no step every cell evaluated")
+        reached = [ranked(means[budget])] if means[budget] else []
+        lines.append(f"  - at the {budget:,}-step budget: "
+                     + "; ".join(reached + ([f"not reached by {', '.join(short)}"] if short else [])))
+        if offline:
+            lines.append(f"  - the behaviour policy (the dataset): {BEHAVIOUR_SCORE}")
+            continue
+        if cpu and (on_cpu := cpu_entries(cpu, cells)):
+            lines.append(f"  - keelrl on a CPU ({cpu.page}) at the {budget:,}-step budget: " + ranked(
+                {row["label"]: float(row["return_mean"]) for row in on_cpu if int(row["budget"]) == budget}))
+        lines.append(f"  - published, Hopper-v4 at 100k steps: {ranked(PUBLISHED_HOPPER_100K)}")
     return lines
 
 
-def cpu_lines(cpu: CPULeaderboard, grid_progress: list[dict], step: int) -> list[str]:
-    """The CPU leaderboard's entries of an online grid's names, tasks and budgets, with a finished seed, as rows of
-    the grid's table: their return at `step` (the grid's common step, where every seed of the entry was evaluated
-    there) and at the budget."""
+def ranked(means: dict[str, float]) -> str:
+    """'name mean, ...', highest first."""
+    return ", ".join(f"{name} {mean:.1f}" for name, mean in sorted(means.items(), key=lambda item: -item[1]))
+
+
+def cpu_entries(cpu: CPULeaderboard, grid_progress: list[dict]) -> list[dict]:
+    """The CPU leaderboard's cells of an online grid's names, tasks and budgets that finished a seed."""
     entries, tasks = {row["agent"] for row in grid_progress}, {row["task"] for row in grid_progress}
     budgets = {int(row["budget"]) for row in grid_progress}
+    return [row for row in cpu.cells if row["family"] == "online" and row["label"] in entries
+            and row["task"] in tasks and int(row["budget"]) in budgets and int(row["seeds_done"])]
+
+
+def cpu_lines(cpu: CPULeaderboard, grid_progress: list[dict], step: int) -> list[str]:
+    """The CPU leaderboard's entries of an online grid (`cpu_entries`) as rows of the grid's table: their return at
+    `step` (the grid's common step, where every seed of the entry was evaluated there) and at the budget."""
     lines = []
-    for row in cpu.cells:
-        if not (row["family"] == "online" and row["label"] in entries and row["task"] in tasks
-                and int(row["budget"]) in budgets and int(row["seeds_done"])):
-            continue
+    for row in cpu_entries(cpu, grid_progress):
         at_step = [float(point["eval_return"]) for point in cpu.curves if point["family"] == "online"
                    and point["agent"] == row["label"] and point["task"] == row["task"] and int(point["step"]) == step]
         shown = mean_spread(at_step) if len(at_step) == int(row["seeds_done"]) else ""
@@ -391,9 +407,10 @@ def write_page(args: Args) -> Path:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     trial = ["", "**A trial with --tiny: a check of the scripts, not evidence.**"] if environment["tiny"] else []
     speed_rows = merged_speed_rows(args.results)
+    cpu = cpu_leaderboard(args.cpu_cells, args.out)
     lines = ["# keelrl on a GPU: speed beside LeanRL and CleanRL, and learning on Hopper", *trial, "",
              "## Summary", "", *speed_headline(speed_rows),
-             *learning_summary(evidence.learning, evidence.progress), "", "## How it was run", "",
+             *learning_summary(evidence.learning, evidence.progress, cpu), "", "## How it was run", "",
              f"The speed step's machine: {environment['device']}, {environment['cpus']} CPU cores; torch {environment['torch']}"
              f" (CUDA {environment['cuda'] or 'none'}), Python {environment['python']}; keelrl at commit "
              f"{environment['commit']}. The commands (benchmarks/gpu/README.md):", "",
@@ -419,7 +436,7 @@ def write_page(args: Args) -> Path:
     if evidence.learning:
         plot_curves(evidence.learning, curves)
         lines += [*learning_machines(evidence.machines),
-                  *learning_section(evidence.learning, evidence.progress, cpu_leaderboard(args.cpu_cells, args.out)),
+                  *learning_section(evidence.learning, evidence.progress, cpu),
                   f"![curves]({curves.name})"]
     else:
         lines.append("not measured")
