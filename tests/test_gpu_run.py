@@ -137,7 +137,8 @@ def test_learning_table_compares_at_the_step_every_cell_reached():
 
 def test_learning_table_gives_the_entries_that_reached_the_budget_beside_the_cpu_leaderboards_figures(tmp_path):
     """SimbaV2 reached the budget on a later lease, SAC did not; the CPU leaderboard's SAC at that budget, task and
-    name stands beside them, at the common step and the budget, its other entries and budgets do not."""
+    name stands beside them, at the common step and the budget, its other entries and budgets do not; a second
+    CPU leaderboard's SimbaV2 stands in the table from its first finished seed, in the summary once all are."""
     progress = [dict(grid="g", agent=agent, task="Hopper-v5", seed=seed, state=state, last_step=last,
                      last_evaluation=ev, budget="10000", steps_per_s="") for agent, seed, state, last, ev in
                 [("sac", 1, "resume", "7200", "5000"), ("simbav2", 1, "done", "10000", "10000"),
@@ -146,36 +147,45 @@ def test_learning_table_gives_the_entries_that_reached_the_budget_beside_the_cpu
                      normalized_score="") for agent, seed, step, value in
                 [("sac", 1, 5000, "300.0"), ("simbav2", 1, 5000, "400.0"), ("simbav2", 1, 10000, "900.0"),
                  ("simbav2", 2, 5000, "500.0"), ("simbav2", 2, 10000, "1100.0")]]
-    cpu = [dict(family="online", label=label, task=task, budget=budget, seeds_done=done, return_mean="2165.07",
-                return_std="724.47") for label, task, budget, done in
+    cpu = [dict(family="online", label=label, task=task, budget=budget, seeds_done=done, seeds_planned="3",
+                return_mean="2165.07", return_std="724.47") for label, task, budget, done in
            [("sac", "Hopper-v5", "10000", "3"), ("sac", "Hopper-v5", "50000", "3"), ("sac-c51", "Hopper-v5", "10000",
             "3"), ("sac", "Walker2d-v5", "10000", "3"), ("simbav2", "Hopper-v5", "10000", "0")]]
     curves = [dict(family="online", agent="sac", task="Hopper-v5", seed=seed, step=step, eval_return=value)
               for seed, step, value in [(1, 5000, "100.0"), (2, 5000, "200.0"), (3, 5000, "300.0"), (1, 10000, "9.0")]]
+    simba = [dict(cpu[0], label="simbav2", seeds_done="1", return_mean="2900.0", return_std="0.0")]
+    simba_curves = [dict(curves[0], agent="simbav2", step=10000, eval_return="2900.0")]
     (tmp_path / "leaderboard").mkdir()
-    for name, rows in (("cpu_cells.csv", cpu), ("cpu_curves.csv", curves)):
+    for name, rows in (("cpu_cells.csv", cpu), ("cpu_curves.csv", curves), ("simba_cells.csv", simba),
+                       ("simba_curves.csv", simba_curves)):
         with (tmp_path / "leaderboard" / name).open("w", newline="") as file:
             writer = csv.DictWriter(file, list(rows[0]))
             writer.writeheader()
             writer.writerows(rows)
     leaderboard = page.cpu_leaderboard(tmp_path / "leaderboard" / "cpu_cells.csv", tmp_path / "gpu.md")
     assert leaderboard.page == "leaderboard/cpu.md"
-    lines = page.learning_section(learning, progress, leaderboard)
+    simba_leaderboard = page.cpu_leaderboard(tmp_path / "leaderboard" / "simba_cells.csv", tmp_path / "gpu.md")
+    lines = page.learning_section(learning, progress, (leaderboard, simba_leaderboard))
     assert lines[0] == "### g: at step 5,000 (the last evaluation every cell reached)"
     assert "| sac | 300.0 ± 0.0 | 1 | 7,200 (10,000) | not recorded | not reached |" in lines
     assert "| simbav2 | 450.0 ± 50.0 | 2 | 10,000, 10,000 (10,000) | not recorded | 1000.0 ± 100.0 |" in lines
     assert [line for line in lines if "on a CPU" in line] == [
         "| keelrl on a CPU (leaderboard/cpu.md), Hopper-v5: sac | 200.0 ± 81.6 | 3 | 10,000 (10,000) | | "
-        "2165.1 ± 724.5 |"]
-    assert page.learning_section(learning, progress, page.cpu_leaderboard(tmp_path / "none_cells.csv", tmp_path)) \
+        "2165.1 ± 724.5 |",
+        "| keelrl on a CPU (leaderboard/simba.md), Hopper-v5: simbav2 |  | 1 | 10,000 (10,000) | | 2900.0 ± 0.0 |"]
+    assert page.learning_section(learning, progress, (page.cpu_leaderboard(tmp_path / "none_cells.csv", tmp_path),)) \
         == page.learning_section(learning, progress)  # no CPU leaderboard there: no rows
     assert "| published, Hopper-v4 at 100k: SAC | | 10 | 100,000 | | 1103 |" in lines
     published = "  - published, Hopper-v4 at 100k steps: SimbaV2 (UTD 2) 2821.0, SAC 1103.0"
-    assert page.learning_summary(learning, progress, leaderboard) == [
+    summary = [
         "- g (evaluation return, mean over seeds, highest first):",
         "  - at step 5,000, the last every cell reached: simbav2 450.0, sac 300.0",
         "  - at the 10,000-step budget: simbav2 1000.0; not reached by sac",
         "  - keelrl on a CPU (leaderboard/cpu.md) at the 10,000-step budget: sac 2165.1", published]
+    assert page.learning_summary(learning, progress, (leaderboard, simba_leaderboard)) == summary  # 1 of 3 seeds
+    simba_leaderboard.cells[0]["seeds_done"] = "3"
+    assert page.learning_summary(learning, progress, (leaderboard, simba_leaderboard)) == [*summary[:-1],
+        "  - keelrl on a CPU (leaderboard/simba.md) at the 10,000-step budget: simbav2 2900.0", published]
     finished = [row for row in progress if row["agent"] == "simbav2"]
     assert page.learning_summary(learning, finished) == [
         "- g (evaluation return, mean over seeds, highest first):", "  - at the 10,000-step budget: simbav2 1000.0",

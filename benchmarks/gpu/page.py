@@ -18,7 +18,7 @@ a summary (keelrl's best speed over LeanRL's and CleanRL's, each grid's entries 
 reached), names the GPU, torch and the commit and what each lease ran (--leases), and gives the speed table, the
 smoke runs, the seeds table, and the learning table at the last evaluation step every cell of a grid reached and
 at the budget, beside the SimbaV2 repository's published Hopper-v4 figures (REFERENCES.md), keelrl's
-own figures at the same budget from the CPU leaderboard (--cpu-cells) and the behaviour policy of the dataset; the
+own figures at the same budget from the CPU leaderboards (--cpu-cells) and the behaviour policy of the dataset; the
 curves go into a PNG beside the page.
 """
 
@@ -57,10 +57,11 @@ class Args:
     leases: Path | None = None
     """a Markdown file that says what each lease ran and how it differed from the commands (e.g. --only, a shorter
     deadline), put under the commands as it is (benchmarks/results/gpu_leases.md)"""
-    cpu_cells: Path = Path("benchmarks/results/leaderboard/cpu-evidence_cells.csv")
-    """the CPU leaderboard's table of cells (<name>_cells.csv, its curves beside it): its entries of an online grid's
-    name, task and budget stand beside the GPU's at the grid's common step and at the budget (the same agent and
-    settings on another machine); a missing file adds none"""
+    cpu_cells: tuple[Path, ...] = (Path("benchmarks/results/leaderboard/cpu-evidence_cells.csv"),
+                                   Path("benchmarks/results/leaderboard/cpu-evidence-simba_cells.csv"))
+    """CPU leaderboards' tables of cells (<name>_cells.csv, their curves beside them): their entries of an online
+    grid's names, task and budget stand beside the GPU's at the grid's common step and at the budget (the same agent
+    and settings on another machine); a missing file adds none"""
 
 
 def read_files(folders: tuple[Path, ...]) -> dict[str, Path]:
@@ -206,10 +207,10 @@ def cpu_leaderboard(cells_file: Path, gpu_page: Path) -> CPULeaderboard:
                           cells=read_csv(cells_file), curves=read_csv(cells_file.with_name(f"{name}_curves.csv")))
 
 
-def learning_section(learning: list[dict], progress: list[dict], cpu: CPULeaderboard | None = None) -> list[str]:
+def learning_section(learning: list[dict], progress: list[dict], cpus: tuple[CPULeaderboard, ...] = ()) -> list[str]:
     """Per grid: each agent's mean ± std over seeds at the step every cell reached and at the budget (where every
     seed of the entry reached it), and the steps each seed reached; the published figures, keelrl's figures of the
-    same entries from a CPU leaderboard (`cpu`) and the behaviour policy beside them."""
+    same entries from the CPU leaderboards (`cpus`) and the behaviour policy beside them."""
     lines = []
     for grid in dict.fromkeys(row["grid"] for row in progress):
         step = common_step(progress, grid)
@@ -233,7 +234,8 @@ def learning_section(learning: list[dict], progress: list[dict], cpu: CPULeaderb
         else:
             lines += [f"| published, Hopper-v4 at 100k: {name} | | 10 | 100,000 | | {value} |"
                       for name, value in PUBLISHED_HOPPER_100K.items()]
-            lines += cpu_lines(cpu, [row for row in progress if row["grid"] == grid], step) if cpu else []
+            lines += [line for cpu in cpus for line in cpu_lines(cpu, [row for row in progress
+                                                                         if row["grid"] == grid], step)]
         lines.append("")
     return lines
 
@@ -244,10 +246,10 @@ def evaluated(learning: list[dict], grid: str, agent: str, step: int, offline: b
             if row["grid"] == grid and row["agent"] == agent and int(row["step"]) == step]
 
 
-def learning_summary(learning: list[dict], progress: list[dict], cpu: CPULeaderboard | None = None) -> list[str]:
+def learning_summary(learning: list[dict], progress: list[dict], cpus: tuple[CPULeaderboard, ...] = ()) -> list[str]:
     """Per grid: each entry's mean over seeds, highest first, at the step every cell reached and at the budget (the
-    entries every seed of which reached it, and those that did not); online, the CPU leaderboard's entries at the
-    budget (`cpu`), offline the behaviour policy."""
+    entries every seed of which reached it, and those that did not); online, the CPU leaderboards' entries at the
+    budget every planned seed of which finished (`cpus`), offline the behaviour policy."""
     lines = []
     for grid in dict.fromkeys(row["grid"] for row in progress):
         cells = [row for row in progress if row["grid"] == grid]
@@ -273,9 +275,10 @@ def learning_summary(learning: list[dict], progress: list[dict], cpu: CPULeaderb
         if offline:
             lines.append(f"  - the behaviour policy (the dataset): {BEHAVIOUR_SCORE}")
             continue
-        if cpu and (on_cpu := cpu_entries(cpu, cells)):
-            lines.append(f"  - keelrl on a CPU ({cpu.page}) at the {budget:,}-step budget: " + ranked(
-                {row["label"]: float(row["return_mean"]) for row in on_cpu if int(row["budget"]) == budget}))
+        for cpu in cpus:
+            if finished := {row["label"]: float(row["return_mean"]) for row in cpu_entries(cpu, cells)
+                            if int(row["budget"]) == budget and row["seeds_done"] == row["seeds_planned"]}:
+                lines.append(f"  - keelrl on a CPU ({cpu.page}) at the {budget:,}-step budget: {ranked(finished)}")
         lines.append(f"  - published, Hopper-v4 at 100k steps: {ranked(PUBLISHED_HOPPER_100K)}")
     return lines
 
@@ -407,13 +410,13 @@ def write_page(args: Args) -> Path:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     trial = ["", "**A trial with --tiny: a check of the scripts, not evidence.**"] if environment["tiny"] else []
     speed_rows = merged_speed_rows(args.results)
-    cpu = cpu_leaderboard(args.cpu_cells, args.out)
+    cpus = tuple(cpu_leaderboard(cells, args.out) for cells in args.cpu_cells)
     lines = ["# keelrl on a GPU: speed beside LeanRL and CleanRL, and learning on Hopper", *trial, "",
              "## Summary", "", *speed_headline(speed_rows),
-             *learning_summary(evidence.learning, evidence.progress, cpu), "", "## How it was run", "",
-             f"The speed step's machine: {environment['device']}, {environment['cpus']} CPU cores; torch {environment['torch']}"
-             f" (CUDA {environment['cuda'] or 'none'}), Python {environment['python']}; keelrl at commit "
-             f"{environment['commit']}. The commands (benchmarks/gpu/README.md):", "",
+             *learning_summary(evidence.learning, evidence.progress, cpus), "", "## How it was run", "",
+             f"The speed step's machine: {environment['device']}, {environment['cpus']} CPU cores; torch "
+             f"{environment['torch']} (CUDA {environment['cuda'] or 'none'}), Python {environment['python']}; "
+             f"keelrl at commit {environment['commit']}. The commands (benchmarks/gpu/README.md):", "",
              *[f"    {command}" for command in COMMANDS], "",
              *([args.leases.read_text().strip(), ""] if args.leases else []),
              "## Speed: SAC and TD3 on " + environment["env_id"], "",
@@ -436,7 +439,7 @@ def write_page(args: Args) -> Path:
     if evidence.learning:
         plot_curves(evidence.learning, curves)
         lines += [*learning_machines(evidence.machines),
-                  *learning_section(evidence.learning, evidence.progress, cpu),
+                  *learning_section(evidence.learning, evidence.progress, cpus),
                   f"![curves]({curves.name})"]
     else:
         lines.append("not measured")
