@@ -255,21 +255,21 @@ def learning_summary(learning: list[dict], progress: list[dict], cpus: tuple[CPU
         cells = [row for row in progress if row["grid"] == grid]
         step, budget = common_step(progress, grid), int(cells[0]["budget"])
         offline = any(row["normalized_score"] for row in learning if row["grid"] == grid)
-        means: dict[int, dict[str, float]] = {when: {} for when in (step, budget)}
-        short = []  # the entries some seed of which did not reach the budget
+        at_step, at_budget, short = {}, {}, []  # short: the entries some seed of which did not reach the budget
         for agent in dict.fromkeys(row["agent"] for row in cells):
-            for when in (step, budget):
-                if values := evaluated(learning, grid, agent, when, offline):
-                    means[when][agent] = statistics.mean(values)
-            if len(evaluated(learning, grid, agent, budget, offline)) < sum(row["agent"] == agent for row in cells):
-                means[budget].pop(agent, None)
+            if values := evaluated(learning, grid, agent, step, offline):
+                at_step[agent] = statistics.mean(values)
+            values = evaluated(learning, grid, agent, budget, offline)
+            if len(values) < sum(row["agent"] == agent for row in cells):
                 short.append(agent)
+            else:
+                at_budget[agent] = statistics.mean(values)
         lines.append(f"- {grid} ({'normalised score' if offline else 'evaluation return'}, mean over seeds, "
                      "highest first):")
         if step < budget:
-            lines.append(f"  - at step {step:,}, the last every cell reached: {ranked(means[step]) or 'none'}"
+            lines.append(f"  - at step {step:,}, the last every cell reached: {ranked(at_step) or 'none'}"
                          if step else "  - no step every cell evaluated")
-        reached = [ranked(means[budget])] if means[budget] else []
+        reached = [ranked(at_budget)] if at_budget else []
         lines.append(f"  - at the {budget:,}-step budget: "
                      + "; ".join(reached + ([f"not reached by {', '.join(short)}"] if short else [])))
         if offline:
