@@ -195,6 +195,40 @@ def test_learning_table_gives_the_entries_that_reached_the_budget_beside_the_cpu
         "  - at the 10,000-step budget: not reached by simbav2"  # a seed short of it: not the others' mean
 
 
+def test_an_entry_that_got_further_stands_beside_the_cpu_leaderboards_entries_at_their_furthest_shared_step(tmp_path):
+    """SimbaV2 got to 15k on the GPU (evaluations every 5k), SAC to 5k; the CPU's finished SAC, evaluated every 10k to
+    20k, stands beside SimbaV2 at 10k, the furthest step both were evaluated at by every seed, and not once a seed of
+    it is missing there."""
+    progress = [dict(grid="g", agent=agent, task="Hopper-v5", seed=seed, state="resume", last_step=last,
+                     last_evaluation=ev, budget="20000", steps_per_s="") for agent, seed, last, ev in
+                [("sac", 1, "7000", "5000"), ("simbav2", 1, "16000", "15000"), ("simbav2", 2, "16000", "15000")]]
+    learning = [dict(grid="g", agent=agent, task="Hopper-v5", seed=seed, step=step, mean_return=value,
+                     normalized_score="") for agent, seed, step, value in
+                [("sac", 1, 5000, "300.0"), *[("simbav2", seed, step, str(step / 10 + seed * 100)) for seed in (1, 2)
+                                               for step in (5000, 10000, 15000)]]]
+    curves = [dict(family="online", agent="sac", task="Hopper-v5", seed=str(seed), step=str(step),
+                   eval_return=str(step / 100 + seed)) for seed in (1, 2) for step in (10000, 20000)]
+    cells = [dict(family="online", label="sac", task="Hopper-v5", budget="20000", seeds_done="2", seeds_planned="2",
+                  return_mean="201.5", return_std="0.5")]
+    for name, rows in (("cpu_cells.csv", cells), ("cpu_curves.csv", curves)):
+        with (tmp_path / name).open("w", newline="") as file:
+            writer = csv.DictWriter(file, list(rows[0]))
+            writer.writeheader()
+            writer.writerows(rows)
+    cpu = page.cpu_leaderboard(tmp_path / "cpu_cells.csv", tmp_path / "gpu.md")
+    lines = page.learning_section(learning, progress, (cpu,))
+    start = lines.index("### g: at step 10,000, the furthest at which entries of the GPU's and of the CPU's stand "
+                        "side by side")
+    assert lines[start + 4:start + 6] == ["| simbav2 | 1150.0 ± 50.0 | 2 | 1650.0 ± 50.0 (15,000) |",
+                                          "| sac (on a CPU, cpu.md) | 101.5 ± 0.5 | 2 | 201.5 ± 0.5 (20,000) |"]
+    assert "  - at step 10,000, the furthest at which entries of the GPU's and of the CPU's stand side by side: " \
+           "simbav2 1150.0, sac (on a CPU, cpu.md) 101.5" in page.learning_summary(learning, progress, (cpu,))
+    cpu.curves.remove(curves[2])  # seed 2's evaluation at 10k: no step past 5k that both sides' seeds share
+    assert page.side_by_side(learning, progress, "g", (cpu,)) == (0, {})
+    assert not any("side by side" in line for line in page.learning_section(learning, progress, (cpu,)))
+    assert not any("side by side" in line for line in page.learning_section(learning, progress, ()))
+
+
 def test_sync_counting_counts_the_sync_warnings_by_line_and_passes_the_others_on(monkeypatch, recwarn):
     import warnings
 

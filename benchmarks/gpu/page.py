@@ -236,8 +236,72 @@ def learning_section(learning: list[dict], progress: list[dict], cpus: tuple[CPU
                       for name, value in PUBLISHED_HOPPER_100K.items()]
             lines += [line for cpu in cpus for line in cpu_lines(cpu, [row for row in progress
                                                                          if row["grid"] == grid], step)]
-        lines.append("")
+        lines += ["", *side_by_side_section(learning, progress, grid, cpus)]
     return lines
+
+
+def shared_steps(values_at: dict[int, list[float]], seeds: int) -> list[int]:
+    """The steps (ascending) at which all `seeds` seeds of an entry were evaluated."""
+    return sorted(step for step, values in values_at.items() if len(values) == seeds)
+
+
+def gpu_values(learning: list[dict], progress: list[dict], grid: str) -> dict[str, tuple[int, dict[int, list[float]]]]:
+    """Each online grid entry's seeds (its cells) and its seeds' returns by step."""
+    entries: dict[str, tuple[int, dict[int, list[float]]]] = {}
+    for agent in dict.fromkeys(row["agent"] for row in progress if row["grid"] == grid):
+        values_at: dict[int, list[float]] = defaultdict(list)
+        for row in learning:
+            if row["grid"] == grid and row["agent"] == agent:
+                values_at[int(row["step"])].append(float(row["mean_return"]))
+        entries[agent] = sum(row["grid"] == grid and row["agent"] == agent for row in progress), values_at
+    return entries
+
+
+def cpu_values(cpu: CPULeaderboard, grid_progress: list[dict]) -> dict[str, tuple[int, dict[int, list[float]]]]:
+    """The CPU leaderboard's entries of an online grid every planned seed of which finished (`cpu_entries`): their
+    seeds and their seeds' returns by step, named 'agent (on a CPU)'."""
+    entries: dict[str, tuple[int, dict[int, list[float]]]] = {}
+    for row in cpu_entries(cpu, grid_progress):
+        if row["seeds_done"] == row["seeds_planned"]:
+            values_at: dict[int, list[float]] = defaultdict(list)
+            for point in cpu.curves:
+                if point["family"] == "online" and point["agent"] == row["label"] and point["task"] == row["task"]:
+                    values_at[int(point["step"])].append(float(point["eval_return"]))
+            entries[f"{row['label']} (on a CPU, {cpu.page})"] = int(row["seeds_planned"]), values_at
+    return entries
+
+
+def side_by_side(learning: list[dict], progress: list[dict], grid: str, cpus: tuple[CPULeaderboard, ...]) \
+        -> tuple[int, dict[str, tuple[int, dict[int, list[float]]]]]:
+    """The furthest step past the grid's common step at which every seed of some of the GPU's entries and of some
+    finished CPU leaderboard entries was evaluated, and those entries (0 and none where there is no such step): an
+    entry that got further on the GPU than the grid's others, beside keelrl's other entries at equal steps."""
+    gpu = gpu_values(learning, progress, grid)
+    cpu = {name: entry for leaderboard in cpus
+           for name, entry in cpu_values(leaderboard, [row for row in progress if row["grid"] == grid]).items()}
+    steps = sorted({step for _, values_at in [*gpu.values(), *cpu.values()] for step in values_at}, reverse=True)
+    for step in (step for step in steps if step > common_step(progress, grid)):
+        there = [{name: entry for name, entry in side.items() if step in shared_steps(entry[1], entry[0])}
+                 for side in (gpu, cpu)]
+        if all(there):
+            return step, there[0] | there[1]
+    return 0, {}
+
+
+def side_by_side_section(learning: list[dict], progress: list[dict], grid: str,
+                         cpus: tuple[CPULeaderboard, ...]) -> list[str]:
+    """A table of the entries `side_by_side` finds, at its step and at the last step every seed of each reached."""
+    step, entries = side_by_side(learning, progress, grid, cpus)
+    if not step:
+        return []
+    lines = [f"### {grid}: at step {step:,}, the furthest at which entries of the GPU's and of the CPU's stand side "
+             "by side", "", "| agent | evaluation return, mean ± std over seeds | seeds | "
+             "at the last step every seed reached (step) |", "|---|---|---|---|"]
+    for name, (seeds, values_at) in entries.items():
+        last = shared_steps(values_at, seeds)[-1]
+        lines.append(f"| {name} | {mean_spread(values_at[step])} | {seeds} | "
+                     f"{mean_spread(values_at[last])} ({last:,}) |")
+    return lines + [""]
 
 
 def evaluated(learning: list[dict], grid: str, agent: str, step: int, offline: bool) -> list[float]:
@@ -279,6 +343,10 @@ def learning_summary(learning: list[dict], progress: list[dict], cpus: tuple[CPU
             if finished := {row["label"]: float(row["return_mean"]) for row in cpu_entries(cpu, cells)
                             if int(row["budget"]) == budget and row["seeds_done"] == row["seeds_planned"]}:
                 lines.append(f"  - keelrl on a CPU ({cpu.page}) at the {budget:,}-step budget: {ranked(finished)}")
+        if (far := side_by_side(learning, progress, grid, cpus))[0]:
+            lines.append(f"  - at step {far[0]:,}, the furthest at which entries of the GPU's and of the CPU's stand "
+                         "side by side: " + ranked({name: statistics.mean(values_at[far[0]])
+                                                    for name, (_, values_at) in far[1].items()}))
         lines.append(f"  - published, Hopper-v4 at 100k steps: {ranked(PUBLISHED_HOPPER_100K)}")
     return lines
 
