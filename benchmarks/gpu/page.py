@@ -441,8 +441,9 @@ def seeds_machine(seeds_file: Path) -> list[str]:
     return []
 
 
-def plot_curves(learning: list[dict], path: Path) -> None:
-    """One panel per grid: each agent's mean over seeds at every step all its seeds evaluated."""
+def plot_curves(learning: list[dict], progress: list[dict], path: Path, cpus: tuple[CPULeaderboard, ...] = ()) -> None:
+    """One panel per grid: each agent's mean over seeds at every step all its seeds evaluated; online, dashed, the
+    CPU leaderboards' finished entries of the grid's names (`cpu_values`)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -459,10 +460,17 @@ def plot_curves(learning: list[dict], path: Path) -> None:
                 for row in rows:
                     by_step[int(row["step"])].append(float(row[key]))
                 seeds = max(len(values) for values in by_step.values())
-                steps = sorted(step for step, values in by_step.items() if len(values) == seeds)
+                steps = shared_steps(by_step, seeds)
                 axis.plot(steps, [statistics.mean(by_step[step]) for step in steps], marker="o", label=agent)
         if offline:
             axis.axhline(BEHAVIOUR_SCORE, color="gray", linestyle="--", label="behaviour policy")
+        else:
+            grid_progress = [row for row in progress if row["grid"] == grid]
+            for cpu in cpus:
+                for name, (seeds, by_step) in cpu_values(cpu, grid_progress).items():
+                    steps = shared_steps(by_step, seeds)
+                    axis.plot(steps, [statistics.mean(by_step[step]) for step in steps], linestyle="--",
+                              label=name.replace(f", {cpu.page}", ""))
         axis.set(title=grid, xlabel="gradient updates" if offline else "environment steps",
                  ylabel="normalised score" if offline else "evaluation return")
         axis.legend()
@@ -505,7 +513,7 @@ def write_page(args: Args) -> Path:
                else ["not measured"]), "",
              "## Learning", ""]
     if evidence.learning:
-        plot_curves(evidence.learning, curves)
+        plot_curves(evidence.learning, evidence.progress, curves, cpus)
         lines += [*learning_machines(evidence.machines),
                   *learning_section(evidence.learning, evidence.progress, cpus),
                   f"![curves]({curves.name})"]
