@@ -18,8 +18,10 @@ a summary (keelrl's best speed over LeanRL's and CleanRL's, each grid's entries 
 reached), names the GPU, torch and the commit and what each lease ran (--leases), and gives the speed table, the
 smoke runs, the seeds table, and the learning table at the last evaluation step every cell of a grid reached and
 at the budget, beside the SimbaV2 repository's published Hopper-v4 figures (REFERENCES.md), keelrl's
-own figures at the same budget from the CPU leaderboards (--cpu-cells) and the behaviour policy of the dataset; the
-curves go into a PNG beside the page.
+own figures at the same budget from the CPU leaderboards (--cpu-cells) and the behaviour policy of the dataset; where
+entries of an online grid got further than its others, a second table sets them beside the CPU leaderboards'
+entries at the furthest step every seed of both was evaluated at. The curves go into a PNG beside the page, the CPU
+leaderboards' dashed.
 """
 
 from __future__ import annotations
