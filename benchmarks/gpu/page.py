@@ -261,7 +261,7 @@ def gpu_values(learning: list[dict], progress: list[dict], grid: str) -> dict[st
 
 def cpu_values(cpu: CPULeaderboard, grid_progress: list[dict]) -> dict[str, tuple[int, dict[int, list[float]]]]:
     """The CPU leaderboard's entries of an online grid every planned seed of which finished (`cpu_entries`): their
-    seeds and their seeds' returns by step, named 'agent (on a CPU)'."""
+    seeds and their seeds' returns by step, named 'agent (on a CPU, its page)'."""
     entries: dict[str, tuple[int, dict[int, list[float]]]] = {}
     for row in cpu_entries(cpu, grid_progress):
         if row["seeds_done"] == row["seeds_planned"]:
