@@ -114,6 +114,14 @@ def test_evidence_with_batch_seeds_runs_an_entrys_seeds_as_one_process_and_colle
     assert len(run_dirs) == 3 and len(json.loads(run_dirs[0].read_text())["runs"]) == 3
 
 
+def write_rows(path, rows):
+    """A CSV table of `rows` (dicts of the same keys), as the leaderboard writes its tables."""
+    with path.open("w", newline="") as file:
+        writer = csv.DictWriter(file, list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+
+
 def test_learning_table_compares_at_the_step_every_cell_reached():
     progress = [dict(grid="g", agent=agent, task="t", seed=seed, state="resume", last_step=last, last_evaluation=ev,
                      budget="100000", steps_per_s=rate) for agent, seed, last, ev, rate in
@@ -158,10 +166,7 @@ def test_learning_table_gives_the_entries_that_reached_the_budget_beside_the_cpu
     (tmp_path / "leaderboard").mkdir()
     for name, rows in (("cpu_cells.csv", cpu), ("cpu_curves.csv", curves), ("simba_cells.csv", simba),
                        ("simba_curves.csv", simba_curves)):
-        with (tmp_path / "leaderboard" / name).open("w", newline="") as file:
-            writer = csv.DictWriter(file, list(rows[0]))
-            writer.writeheader()
-            writer.writerows(rows)
+        write_rows(tmp_path / "leaderboard" / name, rows)
     leaderboard = page.cpu_leaderboard(tmp_path / "leaderboard" / "cpu_cells.csv", tmp_path / "gpu.md")
     assert leaderboard.page == "leaderboard/cpu.md"
     simba_leaderboard = page.cpu_leaderboard(tmp_path / "leaderboard" / "simba_cells.csv", tmp_path / "gpu.md")
@@ -210,11 +215,8 @@ def test_an_entry_that_got_further_stands_beside_the_cpu_leaderboards_entries_at
                    eval_return=str(step / 100 + seed)) for seed in (1, 2) for step in (10000, 20000)]
     cells = [dict(family="online", label="sac", task="Hopper-v5", budget="20000", seeds_done="2", seeds_planned="2",
                   return_mean="201.5", return_std="0.5")]
-    for name, rows in (("cpu_cells.csv", cells), ("cpu_curves.csv", curves)):
-        with (tmp_path / name).open("w", newline="") as file:
-            writer = csv.DictWriter(file, list(rows[0]))
-            writer.writeheader()
-            writer.writerows(rows)
+    write_rows(tmp_path / "cpu_cells.csv", cells)
+    write_rows(tmp_path / "cpu_curves.csv", curves)
     cpu = page.cpu_leaderboard(tmp_path / "cpu_cells.csv", tmp_path / "gpu.md")
     lines = page.learning_section(learning, progress, (cpu,))
     start = lines.index("### g: at step 10,000, the furthest at which entries of the GPU's and of the CPU's stand "

@@ -261,7 +261,7 @@ def gpu_values(learning: list[dict], progress: list[dict], grid: str) -> dict[st
 
 def cpu_values(cpu: CPULeaderboard, grid_progress: list[dict]) -> dict[str, tuple[int, dict[int, list[float]]]]:
     """The CPU leaderboard's entries of an online grid every planned seed of which finished (`cpu_entries`): their
-    seeds and their seeds' returns by step, named 'agent (on a CPU, its page)'."""
+    seeds and their seeds' returns by step, by label."""
     entries: dict[str, tuple[int, dict[int, list[float]]]] = {}
     for row in cpu_entries(cpu, grid_progress):
         if row["seeds_done"] == row["seeds_planned"]:
@@ -269,7 +269,7 @@ def cpu_values(cpu: CPULeaderboard, grid_progress: list[dict]) -> dict[str, tupl
             for point in cpu.curves:
                 if point["family"] == "online" and point["agent"] == row["label"] and point["task"] == row["task"]:
                     values_at[int(point["step"])].append(float(point["eval_return"]))
-            entries[f"{row['label']} (on a CPU, {cpu.page})"] = int(row["seeds_planned"]), values_at
+            entries[row["label"]] = int(row["seeds_planned"]), values_at
     return entries
 
 
@@ -279,8 +279,8 @@ def side_by_side(learning: list[dict], progress: list[dict], grid: str, cpus: tu
     finished CPU leaderboard entries was evaluated, and those entries (0 and none where there is no such step): an
     entry that got further on the GPU than the grid's others, beside keelrl's other entries at equal steps."""
     gpu = gpu_values(learning, progress, grid)
-    cpu = {name: entry for leaderboard in cpus
-           for name, entry in cpu_values(leaderboard, [row for row in progress if row["grid"] == grid]).items()}
+    cpu = {f"{label} (on a CPU, {leaderboard.page})": entry for leaderboard in cpus
+           for label, entry in cpu_values(leaderboard, [row for row in progress if row["grid"] == grid]).items()}
     steps = sorted({step for _, values_at in [*gpu.values(), *cpu.values()] for step in values_at}, reverse=True)
     for step in (step for step in steps if step > common_step(progress, grid)):
         there = [{name: entry for name, entry in side.items() if step in shared_steps(entry[1], entry[0])}
@@ -469,10 +469,10 @@ def plot_curves(learning: list[dict], progress: list[dict], path: Path, cpus: tu
         else:
             grid_progress = [row for row in progress if row["grid"] == grid]
             for cpu in cpus:
-                for name, (seeds, by_step) in cpu_values(cpu, grid_progress).items():
+                for label, (seeds, by_step) in cpu_values(cpu, grid_progress).items():
                     steps = shared_steps(by_step, seeds)
                     axis.plot(steps, [statistics.mean(by_step[step]) for step in steps], linestyle="--",
-                              label=name.replace(f", {cpu.page}", ""))
+                              label=f"{label} (on a CPU)")
         axis.set(title=grid, xlabel="gradient updates" if offline else "environment steps",
                  ylabel="normalised score" if offline else "evaluation return")
         axis.legend()
