@@ -17,7 +17,7 @@ install: $(STAMP)
 $(STAMP): setup.py Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install "$(TORCH)"
-	$(PY) -m pip install -e ".[dev,llm,offline,video,wandb]"
+	$(PY) -m pip install -e ".[dev,dmc,llm,offline,video,wandb]"
 	# optional backends: a failed install is said loudly here, and their tests skip with the reason (make test shows it)
 	$(PY) -m pip install -e ".[envpool]" || echo "WARNING: envpool did not install on this machine: the envpool tests will be SKIPPED"
 	$(PY) -m pip install -e ".[ray]" || echo "WARNING: ray did not install on this machine: the Ray leaderboard test will be SKIPPED"

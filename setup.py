@@ -20,6 +20,9 @@ setup(
         # A range, not a pin: install the torch build for your machine first (see README).
         "torch>=2.2,<3",
         "gymnasium[mujoco]>=1.0,<2",
+        # One MuJoCo for every task: dm-control 1.0.50 (the DMC tasks) fails to build its models with mujoco 4
+        # ('MjModel' object has no attribute 'flex_vertedge'); the results pages name this version.
+        "mujoco==3.17.0",
         "numpy>=1.24",
         "tensorboard>=2.12",
         "tyro>=0.8",
@@ -29,6 +32,7 @@ setup(
     ],
     extras_require={
         "envpool": ["envpool>=0.8.4"],
+        "dmc": ["dm-control==1.0.50"],  # DeepMind Control tasks (keelrl.envs.dmc), on the pinned mujoco
         "offline": ["minari[hdf5]>=0.5", "h5py>=3.8"],
         "llm": ["transformers>=4.40"],
         "ray": ["ray>=2.9"],

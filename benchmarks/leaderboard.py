@@ -687,6 +687,15 @@ class RayWorkers:
             self.ray.shutdown()
 
 
+def check_entries(entries: Sequence[str], cells: list[Cell]) -> None:
+    """Refuse an --entries name that no agent entry of the grids has."""
+    known = list(dict.fromkeys(cell.agent.name for cell in cells))
+    for name in entries:
+        if name not in known:
+            raise ValueError(f"--entries {name}: the grids have no agent entry of that name.{_did_you_mean(name, known)} "
+                             f"Their entries: {', '.join(known)}.")
+
+
 def ready_first(pending: list[Cell]) -> list[Cell]:
     """The cells that can start now, fine-tuning cells (their runs to start from have finished) before the cells
     that start from nothing, each in grid order: a seed's offline-to-online chain completes as early as it can."""
@@ -696,18 +705,19 @@ def ready_first(pending: list[Cell]) -> list[Cell]:
 def run_grids(
     grids: list[Grid], runs_dir: Path, workers: int = 2, ray_address: str | None = None, dry_run: bool = False,
     log: Callable[[str], None] = print, invocation: str = "", track: bool = False,
-    committed: Sequence[RunResult] = (), batch_seeds: bool = False,
+    committed: Sequence[RunResult] = (), batch_seeds: bool = False, entries: Sequence[str] = (),
 ) -> list[RunResult]:
     """Run every unfinished cell of the grids; the RunResult of every cell, in grid order.
 
     `invocation` (the leaderboard's command line) is recorded with each attempt in cell.json. A cell with no run
     under runs_dir but a finished row in `committed` (a page's tables, see `Cell.committed_result`) is not run:
     its result is that row. With `batch_seeds`, the seeds of an entry's task run as one process where they can
-    (`seed_batches`).
+    (`seed_batches`). With `entries`, only the cells of those agent entries run; every cell is still reported.
     """
     if workers < 1:
         raise ValueError(f"--workers must be at least 1, got {workers}.")
     cells = [cell for grid in grids for cell in expand(grid, runs_dir)]
+    check_entries(entries, cells)
     unavailable = check_agents(cells)
     for module, reason in unavailable.items():
         log(f"unavailable: agent {module!r} ({reason}); its cells are skipped")
@@ -715,14 +725,16 @@ def run_grids(
     for cell in runnable:
         cell.check_unchanged()
     taken = {cell.cell_dir: row for cell in runnable if (row := cell.committed_result(committed))}
-    pending = [cell for cell in runnable if cell.state()[0] != "done" and cell.cell_dir not in taken]
+    unfinished = [cell for cell in runnable if cell.state()[0] != "done" and cell.cell_dir not in taken]
+    pending = [cell for cell in unfinished if not entries or cell.agent.name in entries]
     check_tasks(pending, datasets=not dry_run)  # a report may be written where the datasets are not
-    done = len(runnable) - len(pending) - len(taken)
+    done = len(runnable) - len(unfinished) - len(taken)
     resumes = sum(cell.state()[0] == "resume" for cell in pending)
     waiting = sum(cell.waiting() for cell in pending)
     log(f"{len(cells)} cells: {done} finished (skipped), {resumes} to resume, {len(pending) - resumes} to start"
         + (f" ({waiting} once the runs they fine-tune finish)" if waiting else "")
         + f", {len(cells) - len(runnable)} unavailable"
+        + (f", {len(unfinished) - len(pending)} of other entries than --entries not run" if entries else "")
         + (f", {len(taken)} taken from the committed tables" if taken else "") + f"; runs under {runs_dir}")
     if dry_run:
         for batch in seed_batches([cell for cell in pending if not cell.waiting()], batch_seeds):
@@ -937,6 +949,8 @@ class Args:
     """run the seeds of an agent entry's task as one process (--num-seeds: SAC, TD3, PPO and their Lagrangian
     forms), one batched network for all of them, where the seeds follow one another; each seed's run still lands in
     its own cell directory"""
+    entries: tuple[str, ...] = ()
+    """run only the cells of these agent entries (e.g. sac), in grid order; the page still reports every cell"""
 
 
 def grids_from_args(args: Args) -> list[Grid]:
@@ -1035,7 +1049,7 @@ def main(argv: list[str] | None = None) -> int:
         committed = read_runs_tables(Path(args.out_dir), name) if args.from_committed else []
         results = run_grids(grids, Path(args.runs_dir), args.workers, args.ray, args.dry_run or args.report_only,
                             invocation=invocation, track=args.track, committed=committed,
-                            batch_seeds=args.batch_seeds)
+                            batch_seeds=args.batch_seeds, entries=args.entries)
         if args.dry_run:
             return 0
         engine = f"Ray ({args.ray})" if args.ray else "local processes"
