@@ -15,7 +15,7 @@ setup(
     # Each root folder installs inside the keelrl namespace, never as a bare top-level package.
     packages=[f"keelrl.{name}" for name in SUBPACKAGES],
     package_dir={f"keelrl.{name}": name.replace(".", "/") for name in SUBPACKAGES},
-    package_data={"keelrl.benchmarks": ["results/*.md", "grids/*.toml"]},
+    package_data={"keelrl.benchmarks": ["results/*.md", "grids/*.toml", "anchors/*.csv", "anchors/*.md"]},
     install_requires=[
         # A range, not a pin: install the torch build for your machine first (see README).
         "torch>=2.2,<3",

@@ -84,6 +84,8 @@ class RunResult:
     wall_s: float = float("nan")
     """the run's share of the wall-clock seconds of the agent processes that made it (start-up and evaluations
     included): a process that trained S seeds at once gives each 1/S of its wall time; NaN where not measured"""
+    machine: str = ""
+    """what its agent process ran on: CPU, software versions, keelrl commit (cell.json; '' where not recorded)"""
     curve: list[tuple[int, float]] = dataclasses.field(default_factory=list)
     """(step, mean evaluation return) of every evaluation"""
 

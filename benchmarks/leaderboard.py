@@ -88,6 +88,7 @@ from keelrl.benchmarks.aggregate import (
     dataset_references,
     read_run_figures,
 )
+from keelrl.benchmarks.report import run_machine
 from keelrl.buffers.offline import minari_data_dir
 
 try:
@@ -430,15 +431,16 @@ class Cell:
         """This cell's RunResult: its status and, for a run that exists, the figures of its logs (`references`: the
         reference returns an offline-to-online run from scratch is scored with)."""
         state, run_dir = self.state()
+        attempts = self.record()["attempts"]
         if status is None:
-            attempts = self.record()["attempts"]
             # a run stopped by SIGINT/SIGTERM wrote a checkpoint: unfinished (it resumes), not failed; so is one
             # whose end was never recorded (returncode None)
             last_code = attempts[-1]["returncode"] if attempts else None
             failed = last_code not in (None, 0, *STOPPED_CODES)
             status = "done" if state == "done" else "failed" if failed else "unfinished"
         result = RunResult(self.grid.family, self.agent.name, self.agent.module, self.task.id, self.seed,
-                           self.steps, status, options=" ".join(self.args))
+                           self.steps, status, options=" ".join(self.args),
+                           machine=attempts[-1].get("machine", "") if attempts else "")
         if run_dir is not None:
             read_run_figures(result, run_dir, references)
             result.wall_s = self.wall_seconds()
@@ -775,7 +777,8 @@ def run_grids(
         """Start the agent process of `batch`, its attempt recorded in each of its cells as it starts."""
         batch_of[batch[0].cell_dir] = batch
         mode = batch[0].state()[0]
-        started = {"start_time": time.time(), "leaderboard": invocation, "seeds_in_process": seeds_in_process(batch)}
+        started = {"start_time": time.time(), "leaderboard": invocation, "seeds_in_process": seeds_in_process(batch),
+                   "machine": run_machine()}
         for cell in batch:
             cell.prepare()
             cell.start_attempt(mode, started)

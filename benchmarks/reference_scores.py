@@ -166,6 +166,16 @@ SIMBAV2_SOURCE = ("SimbaV2's TD3 normalisation (random policy, TD3 after 1M step
                   "MUJOCO_TD3_SCORE in scale_rl/envs/mujoco.py of dojeon-ai/SimbaV2), measured on the v4 envs")
 RLVR_SOURCE = ("the reward's own bounds: each keelrl.envs.rlvr_tasks verifier scores a completion 1.0 (correct) "
                "or 0.0, so held-out greedy accuracy lies in [0, 1]")
+DMC_SOURCE = ("the suite's own bounds: every DeepMind Control task rewards each of its 1000 control steps with a value "
+              "in [0, 1] (dm_control suite, Tassa et al. 2018)")
+DMC_TASKS = (
+    "acrobot-swingup", "ball-in-cup-catch", "cartpole-balance", "cartpole-balance-sparse", "cartpole-swingup",
+    "cartpole-swingup-sparse", "cheetah-run", "dog-run", "dog-stand", "dog-trot", "dog-walk", "finger-spin",
+    "finger-turn-easy", "finger-turn-hard", "fish-swim", "fish-upright", "hopper-hop", "hopper-stand",
+    "humanoid-run", "humanoid-stand", "humanoid-walk", "manipulator-bring-ball", "pendulum-swingup", "point-mass-easy",
+    "quadruped-run", "quadruped-walk", "reacher-easy", "reacher-hard", "swimmer-swimmer6", "swimmer-swimmer15",
+    "walker-run", "walker-stand", "walker-walk")
+"""DMC tasks by the anchors' names (`domain-task`; keelrl's ids dm_control/domain-task-v0 have the same key)"""
 SCORE_RANGES: dict[str, ScoreRange] = {
     # D4RL's numbers for the three robots keelrl also makes offline datasets for (buffers/offline.py uses the
     # same ones). Their v2 random returns lie within 40 of the v4 ones SimbaV2 measured (-20.3 / 18.8,
@@ -185,6 +195,8 @@ SCORE_RANGES: dict[str, ScoreRange] = {
                            "the env's own bounds: gymnasium's CartPole-v1 gives +1 per step and ends at 500 steps, "
                            "its max_episode_steps"),
     **{task: ScoreRange(task, 0.0, 1.0, RLVR_SOURCE) for task in ("add", "chain", "sort", "countdown")},
+    # listed one by one, so that the robot fallback of `score_range` never gives DMC's hopper-hop Gym Hopper's range
+    **{task: ScoreRange(task, 0.0, 1000.0, DMC_SOURCE) for task in DMC_TASKS},
 }
 
 SAFE_VELOCITY_REASON = (

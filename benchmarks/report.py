@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
+from keelrl.benchmarks import anchors
 from keelrl.benchmarks.aggregate import (
     CLEAN,
     FINISHED,
@@ -29,7 +30,13 @@ from keelrl.benchmarks.aggregate import (
     score_origin,
     summarize_cells,
 )
-from keelrl.benchmarks.reference_scores import PublishedScore, no_range_reason, published_for, score_range
+from keelrl.benchmarks.reference_scores import (
+    CLEANRL_METRIC,
+    PublishedScore,
+    no_range_reason,
+    published_for,
+    score_range,
+)
 from keelrl.envs import VELOCITY_TASKS
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -63,24 +70,50 @@ def _rate(per_second: float) -> str:
     return f"{per_second:.1f}" if per_second < 10 else f"{per_second:.0f}"
 
 
-def machine_description() -> list[str]:
-    """What ran the grid: CPU, cores this process may use, library versions, keelrl commit."""
+BF16_FLAGS = ("avx512_bf16", "amx_bf16")
+"""the CPU flags under which bf16 products run natively (else torch emulates them)"""
+
+
+def cpu_name() -> str:
+    """The CPU's model name with the native bf16 flags it has: 'AMD EPYC (avx512_bf16)'."""
+    cpuinfo = Path("/proc/cpuinfo").read_text().splitlines() if Path("/proc/cpuinfo").exists() else []
+    name = next((line.split(":", 1)[1].strip() for line in cpuinfo if line.startswith("model name")),
+                platform.processor())
+    flags = set(next((line.split(":", 1)[1].split() for line in cpuinfo if line.startswith("flags")), []))
+    native = [flag for flag in BF16_FLAGS if flag in flags]
+    return f"{name} ({', '.join(native) if native else 'no native bf16'})"
+
+
+def software_versions() -> str:
     import gymnasium
+    import mujoco
     import torch
 
-    cpuinfo = Path("/proc/cpuinfo").read_text().splitlines() if Path("/proc/cpuinfo").exists() else []
-    cpu = next((line.split(":", 1)[1].strip() for line in cpuinfo if line.startswith("model name")),
-               platform.processor())
-    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    lines = [f"Machine: {cpu}, {os.cpu_count()} CPU cores ({usable} usable by the process that wrote this page), "
-             f"{platform.system()} {platform.release()}",
-             f"Software: Python {platform.python_version()}, torch {torch.__version__}, "
-             f"gymnasium {gymnasium.__version__}"]
+    return (f"Python {platform.python_version()}, torch {torch.__version__}, gymnasium {gymnasium.__version__}, "
+            f"mujoco {mujoco.__version__}")
+
+
+def commit_text() -> str:
+    """The short commit of the keelrl checkout this code runs from, marked when changed ('' outside git)."""
     commit = _git("rev-parse", "--short", "HEAD")
-    if commit:
-        dirty = " (with uncommitted changes)" if _git("status", "--porcelain", "--untracked-files=no") else ""
-        lines.append(f"keelrl commit: `{commit}`{dirty}")
-    return lines
+    if not commit:
+        return ""
+    return commit + (" (with uncommitted changes)" if _git("status", "--porcelain", "--untracked-files=no") else "")
+
+
+def run_machine() -> str:
+    """What an agent process of the leaderboard runs on, as cell.json records it with each attempt."""
+    return f"{cpu_name()}; {software_versions()}; keelrl {commit_text() or 'commit unknown'}"
+
+
+def machine_description() -> list[str]:
+    """What wrote the page: CPU, cores this process may use, library versions, keelrl commit."""
+    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    lines = [f"Machine: {cpu_name()}, {os.cpu_count()} CPU cores ({usable} usable by the process that wrote this "
+             f"page), {platform.system()} {platform.release()}",
+             f"Software: {software_versions()}"]
+    commit = commit_text()
+    return lines + ([f"keelrl commit: `{commit}`"] if commit else [])
 
 
 def _git(*args: str) -> str:
@@ -124,10 +157,21 @@ def _published_cell(cell: CellSummary, sources: _Sources) -> tuple[str, str]:
             budgets.append(f"{published.budget} on {published.published_task} vs keelrl {steps_text(cell.budget)} on "
                            f"{cell.task}: **not comparable** (other env version: {published_env} vs {our_env})")
         elif published.budget_steps == cell.budget:
-            budgets.append(f"{published.budget}: same budget")
+            budgets.append(f"{published.budget}: same budget" + _spread_text(published, cell))
         else:
             budgets.append(f"{published.budget} vs keelrl {steps_text(cell.budget)}: **not comparable**")
     return "<br>".join(values), "<br>".join(budgets)
+
+
+def _spread_text(published: PublishedScore, cell: CellSummary) -> str:
+    """For a figure of CleanRL's metric with a std: where keelrl's mean of the same metric (its runs' last training
+    episodes) lies against the published spread, mean ± std."""
+    if published.metric != CLEANRL_METRIC or published.std is None or not np.isfinite(cell.last_train_mean):
+        return ""
+    low, high = published.mean - published.std, published.mean + published.std
+    where = "within" if low <= cell.last_train_mean <= high else "above" if cell.last_train_mean > high else "below"
+    return (f"; keelrl's last {LAST_EPISODES} training episodes ({cell.last_train_mean:.1f}) **{where}** its spread "
+            f"[{low:.1f}, {high:.1f}]")
 
 
 def compared_envs(published: PublishedScore, cell: CellSummary) -> tuple[str, str]:
@@ -257,7 +301,9 @@ def dataset_scores_text(results: list[RunResult]) -> str:
                f"{', '.join(unscored)}." if unscored else ""))
 
 
-def write_markdown(path: Path, title: str, header: list[str], results: list[RunResult], reps: int) -> None:
+def write_markdown(path: Path, title: str, header: list[str], results: list[RunResult], reps: int
+                   ) -> list[anchors.TaskAnchors]:
+    """The page; the tasks it sets beside the published curves (their plots are the caller's)."""
     cells = summarize_cells(results)
     iqms = iqm_by_agent(results, reps=reps)
     lines = [f"# keelrl leaderboard: {title}", "", *[f"- {line}" for line in header], "",
@@ -278,7 +324,9 @@ def write_markdown(path: Path, title: str, header: list[str], results: list[RunR
         if any(r.curve for r in results if r.family == family):
             lines += ["", f"![{family} learning curves]({path.stem}_{family}.png)"]
         lines.append("")
-    path.write_text("\n".join(lines))
+    beside, tasks = anchors.section(path.stem, [r for r in results if r.family == "online"], reps)
+    path.write_text("\n".join([*lines, *beside, ""] if beside else lines))
+    return tasks
 
 
 def plot_curves(path: Path, family: str, results: list[RunResult]) -> None:
@@ -355,7 +403,7 @@ def read_runs_tables(out_dir: Path, name: str) -> list[RunResult]:
         data=row["data"], options=row.get("options", ""), run_dir=row["run_dir"], steps=int(row["steps"]),
         final_return=float(row["final_return"]), final_cost=float(row["final_cost"]), score=float(row["score"]),
         score_references=row.get("score_references", ""),
-        last_train_return=float(row["last_train_return"]), wall_s=float(row["wall_s"]),
+        last_train_return=float(row["last_train_return"]), wall_s=float(row["wall_s"]), machine=row.get("machine", ""),
         curve=curves.get((row["family"], row["label"], row["task"], int(row["seed"])), []),
     ) for row in read_csv_rows(out_dir / f"{name}_runs.csv")]
 
@@ -381,13 +429,36 @@ def _relative_run_dir(run_dir: str, runs_dir: Path | None) -> str:
     return str(path.relative_to(root)) if path.is_relative_to(root) else run_dir
 
 
+PRECISION = re.compile(r"--precision (\S+)")
+
+
+def runs_made_on(results: list[RunResult]) -> list[str]:
+    """Header lines: each agent entry's precision (its --precision, else fp32), and what the runs with a figure ran
+    on (CPU, software, keelrl commit) with the entries and tasks made there."""
+    precisions = {r.label: (m.group(1) if (m := PRECISION.search(r.options)) else "fp32") for r in results}
+    lines = ["Precision: " + ", ".join(f"{label} {precision}" for label, precision in precisions.items())]
+    made: dict[str, list[str]] = {}
+    for r in (r for r in results if r.curve):
+        cell = f"{r.label} {r.task}"
+        made.setdefault(r.machine or "not recorded", [])
+        if cell not in made[r.machine or "not recorded"]:
+            made[r.machine or "not recorded"].append(cell)
+    lines += [f"Runs made on {machine}: {', '.join(cells)}" for machine, cells in made.items()]
+    return lines
+
+
 def write_report(out_dir: Path, name: str, results: list[RunResult], header: list[str], reps: int,
                  runs_dir: Path | None = None) -> list[Path]:
     """Markdown, PNGs and CSVs of the results under out_dir; the paths written."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    header = [*header, *machine_description(), f"Generated: {time.strftime('%Y-%m-%d %H:%M %Z')}"]
-    write_markdown(out_dir / f"{name}.md", name, header, results, reps)
+    header = [*header, *runs_made_on(results), *machine_description(),
+              f"Generated: {time.strftime('%Y-%m-%d %H:%M %Z')}"]
+    beside = write_markdown(out_dir / f"{name}.md", name, header, results, reps)
     write_csvs(out_dir, name, results, reps, runs_dir)
+    if beside:
+        anchors.write_csv(out_dir / f"{name}_anchors.csv", anchors.comparisons(beside, reps))
+    for task in beside:
+        anchors.plot_task(out_dir / f"{name}_anchors_{anchors.task_slug(task.task)}.png", task)
     for family in dict.fromkeys(r.family for r in results):
         family_results = [r for r in results if r.family == family]
         if any(r.curve for r in family_results):

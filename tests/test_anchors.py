@@ -1,0 +1,149 @@
+"""The published curves beside keelrl's: the anchor file read as it is, verdicts from the bootstrap interval of the
+difference of means, the IQM over the same tasks on both sides, and the page that shows them."""
+
+import csv
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from keelrl.benchmarks import anchors, leaderboard
+from keelrl.benchmarks.aggregate import CellSummary, RunResult, iqm
+from keelrl.benchmarks.reference_scores import normalized_score, published_for, score_range
+from keelrl.benchmarks.report import _spread_text, runs_made_on, write_report
+
+
+def anchor_rows(algorithm, task, step):
+    with anchors.ANCHORS_FILE.open() as f:
+        return [float(r["return"]) for r in csv.DictReader(f)
+                if (r["algorithm"], r["task"], int(r["step"])) == (algorithm, task, step)]
+
+
+def run(label, task, seed, by_step, agent=None, budget=300_000, status="done"):
+    curve = sorted(by_step.items())
+    return RunResult("online", label, agent or label, task, seed, budget, status, steps=curve[-1][0],
+                     final_return=curve[-1][1], curve=curve, options="--precision bf16")
+
+
+def test_the_anchor_file_is_read_as_written_seeds_counted_per_algorithm_and_task():
+    loaded = anchors.load_anchors()
+    sac = {a.algorithm: a for a in loaded["Hopper-v4"]}["SAC"]
+    assert np.array_equal(sac.seeds_at(300_000), anchor_rows("SAC", "Hopper-v4", 300_000))
+    assert sac.seeds_at(300_000).size == 10
+    walker_walk = {a.algorithm: a for a in loaded["walker-walk"]}
+    assert walker_walk["SAC"].seeds_at(300_000).size == 2  # DMC's SAC: few seeds, every 100k only
+    assert walker_walk["SAC"].seeds_at(150_000).size == 0
+    assert walker_walk["SimbaV2"].seeds_at(300_000).size == 10
+    assert {a.updates_per_step for a in loaded["Hopper-v4"] if a.algorithm in ("DroQ", "REDQ")} == {20}
+
+
+def test_tasks_meet_anchors_of_the_same_environment_version_only():
+    known = list(anchors.load_anchors())
+    assert anchors.anchor_task("Hopper-v4", known) == "Hopper-v4"
+    assert anchors.anchor_task("Hopper-v5", known) is None  # v5 changed rewards and contacts
+    assert anchors.anchor_task("dm_control/cheetah-run-v0", known) == "cheetah-run"
+    assert anchors.anchor_task("cheetah-run", known) == "cheetah-run"
+    assert anchors.anchor_task("InvertedPendulum-v4", known) is None
+    # DMC tasks are normalised on [0, 1000], and DMC's hopper-hop never takes Gym Hopper's range
+    assert normalized_score("dm_control/hopper-hop-v0", 250.0) == 25.0
+    assert score_range("Hopper-v4").task == "hopper"
+
+
+def test_the_verdict_interval_is_the_bootstrap_of_the_difference_of_means():
+    rng = np.random.default_rng(1)
+    ours, theirs = rng.normal(0.0, 1.0, 400), rng.normal(0.0, 1.0, 400)
+    difference, low, high = anchors.difference_interval(ours, theirs, reps=20_000)
+    assert difference == pytest.approx(ours.mean() - theirs.mean())
+    # the percentile interval of a bootstrapped difference of two means: about ±1.96·sqrt(σ²/n + σ²/m)
+    half_width = 1.96 * np.sqrt(ours.var() / ours.size + theirs.var() / theirs.size)
+    assert (high - low) / 2 == pytest.approx(half_width, rel=0.05)
+    assert anchors.verdict(low, high) == "matches"
+    assert anchors.verdict(*anchors.difference_interval(ours + 1.0, theirs, reps=2_000)[1:]) == "above"
+    assert anchors.verdict(*anchors.difference_interval(ours - 1.0, theirs, reps=2_000)[1:]) == "below"
+    # constant sides: the interval is the difference itself
+    assert anchors.difference_interval(np.full(3, 5.0), np.full(5, 3.0), reps=100) == (2.0, 2.0, 2.0)
+
+
+def test_an_anchor_with_few_seeds_or_a_single_keelrl_seed_gets_no_verdict():
+    few = anchors.Anchor("SAC", 1, "walker-walk", {300_000: np.array([900.0, 950.0])})
+    found = anchors.compare("sac", np.array([1.0, 2.0, 3.0]), few, "walker-walk", 300_000, reps=100)
+    assert found.verdict == "no verdict: SAC has 2 seed(s) here" and np.isnan(found.difference)
+    many = anchors.Anchor("SAC", 1, "Hopper-v4", {300_000: np.arange(10.0)})
+    found = anchors.compare("sac", np.array([1.0]), many, "Hopper-v4", 300_000, reps=100)
+    assert found.verdict == "no verdict: keelrl has 1 finished seed(s) here"
+
+
+def fake_results():
+    """SAC and TD3 on Hopper-v4 (SAC's 300k returns well above the published SAC's), SAC on DMC cheetah-run, SAC on
+    Hopper-v5 (no anchor of its version), and an unfinished SAC seed that must not count."""
+    steps = range(10_000, 300_001, 10_000)
+    results = [run("sac", "Hopper-v4", seed, {s: 5000.0 + seed for s in steps}) for seed in (1, 2, 3)]
+    results += [run("td3", "Hopper-v4", seed, {s: 1000.0 + seed for s in steps}) for seed in (1, 2, 3)]
+    results += [run("sac", "Hopper-v4", 4, {s: -1e6 for s in range(10_000, 100_001, 10_000)}, status="unfinished")]
+    results += [run("sac", "dm_control/cheetah-run-v0", seed, {s: 300.0 + seed for s in steps}) for seed in (1, 2)]
+    results += [run("sac", "Hopper-v5", 1, {s: 100.0 for s in steps})]
+    return results
+
+
+def test_the_page_sets_keelrl_beside_the_anchors_with_verdicts_for_sac_only(tmp_path):
+    lines, tasks = anchors.section("page", fake_results(), reps=2_000)
+    assert [t.task for t in tasks] == ["Hopper-v4", "dm_control/cheetah-run-v0"]
+    assert tasks[0].steps == [100_000, 200_000, 300_000]
+    text = "\n".join(lines)
+    published = np.asarray(anchor_rows("SAC", "Hopper-v4", 300_000))
+    row = next(line for line in lines if line.startswith("| 300k | 5002.0 ± 0.8 (3) | 1002.0 ± 0.8 (3) | "))
+    assert row.split(" | ")[3] == f"{published.mean():.1f} ± {published.std():.1f} (10)"  # the SAC anchor, ddof 0
+    assert f"| 300k | sac | SAC | {5002.0 - published.mean():+.1f} |" in text and "| **above** |" in text
+    assert "| td3 |" not in text  # TD3 has no published curve: no verdict
+    assert "- keelrl sac against published SAC at 300k: above on 1 (Hopper-v4); no verdict on " \
+           "dm_control/cheetah-run-v0" in text
+    cheetah = np.asarray(anchor_rows("SAC", "cheetah-run", 300_000))
+    assert ", ".join(f"{v:.0f}" for v in cheetah) + f" (per seed, {cheetah.size})" in text
+    assert "Hopper-v5" not in text
+
+
+def test_the_aggregate_pools_the_same_tasks_on_both_sides():
+    rows = anchors.iqm_rows(anchors.section("page", fake_results(), reps=500)[1], reps=500)
+    by = {(r.suite, r.name, r.step): r for r in rows}
+    sac = by["Gym MuJoCo v4", "SAC", 300_000]
+    hand = [normalized_score("Hopper-v4", v) for v in anchor_rows("SAC", "Hopper-v4", 300_000)]
+    assert (sac.tasks, sac.runs) == (1, 10) and sac.iqm == pytest.approx(iqm(np.asarray(hand)))
+    ours = by["DeepMind Control", "keelrl sac", 300_000]
+    assert ours.runs == 2 and ours.iqm == pytest.approx(np.mean([30.1, 30.2]))
+    assert ("Gym MuJoCo v4", "BRO", 300_000) in by and ("DeepMind Control", "DroQ", 300_000) not in by
+
+
+def test_the_report_draws_each_task_writes_the_verdicts_and_names_precision_and_machine(tmp_path):
+    results = fake_results()
+    for r in results:
+        r.machine = "AMD EPYC (avx512_bf16); mujoco 3.17.0; keelrl abc1234"
+    paths = {p.name for p in write_report(tmp_path, "page", results, ["Command: test"], reps=200)}
+    assert {"page_anchors.csv", "page_anchors_Hopper-v4.png", "page_anchors_dm_control_cheetah-run-v0.png"} <= paths
+    with (tmp_path / "page_anchors.csv").open() as f:
+        verdicts = list(csv.DictReader(f))
+    assert {(v["entry"], v["task"]) for v in verdicts} == {("sac", "Hopper-v4"), ("sac", "dm_control/cheetah-run-v0")}
+    page = (tmp_path / "page.md").read_text()
+    assert "- Precision: sac bf16, td3 bf16" in page
+    assert "- Runs made on AMD EPYC (avx512_bf16); mujoco 3.17.0; keelrl abc1234: sac Hopper-v4, td3 Hopper-v4" in page
+    assert runs_made_on([run("ppo", "Hopper-v4", 1, {10: 1.0})])[1] == "Runs made on not recorded: ppo Hopper-v4"
+
+
+def test_ppo_is_set_against_the_spread_of_cleanrls_last_episodes():
+    (published,) = published_for("online", "ppo", "Hopper-v4")
+    cell = CellSummary("online", "ppo", "ppo", "Hopper-v4", 1_000_000, 3, 3, 0, "", *[float("nan")] * 6,
+                       2400.0, 10.0, float("nan"), float("nan"))
+    assert "**within** its spread [2111.1, 2654.6]" in _spread_text(published, cell)
+    cell.last_train_mean = 2000.0
+    assert "**below**" in _spread_text(published, cell)
+
+
+def test_entries_runs_only_the_named_entries_cells_and_refuses_an_unknown_one(tmp_path):
+    grid = leaderboard.grid_from_dict({"name": "g", "seeds": [1], "steps": 200, "tasks": ["InvertedPendulum-v5"],
+                                       "agents": ["sac", "td3"]}, "g")
+    messages = []
+    leaderboard.run_grids([grid], tmp_path, dry_run=True, entries=["td3"], log=messages.append)
+    assert "1 to start" in messages[0] and "1 of other entries than --entries not run" in messages[0]
+    assert [m.split()[3] for m in messages[1:]] == ["keelrl.agents.td3"]
+    with pytest.raises(ValueError, match="no agent entry of that name. Did you mean 'td3'"):
+        leaderboard.run_grids([grid], tmp_path, dry_run=True, entries=["td33"], log=messages.append)
+    assert Path(tmp_path).is_dir() and not list(Path(tmp_path).iterdir())
