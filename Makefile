@@ -2,7 +2,11 @@
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
-# The CPU wheel of torch 2.13.0 lies on disk on the project's machines; elsewhere pip picks your build.
+# TORCH goes to `pip install` as it is written (unquoted, so it may carry pip's options). torch==2.13.0 alone gets
+# the CPU wheel only where one lies on disk (the project's machines, through pip's find-links); on an ordinary Linux
+# box pip downloads the CUDA build of 2.13.0 (several GB). The CPU build from PyTorch's CPU-only wheel index:
+#   make test TORCH="torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu"
+# A specifier with < or > needs quotes of its own inside: TORCH="'torch>=2.2,<3'".
 TORCH ?= torch==2.13.0
 ENV ?= Hopper-v5
 STEPS ?= 50000
@@ -16,7 +20,7 @@ install: $(STAMP)
 
 $(STAMP): setup.py Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install "$(TORCH)"
+	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install $(TORCH)
 	$(PY) -m pip install -e ".[dev,dmc,llm,offline,video,wandb]"
 	# optional backends: a failed install is said loudly here, and their tests skip with the reason (make test shows it)
 	$(PY) -m pip install -e ".[envpool]" || echo "WARNING: envpool did not install on this machine: the envpool tests will be SKIPPED"

@@ -180,6 +180,9 @@ PRESETS = {
     #   configs/online_rl.yaml:20 γ from the episode-length heuristic, :28 updates per interaction step =
     #   action_repeat, with configs/env/mujoco.yaml:13 action_repeat 1, :15 max_episode_steps 1000: γ 0.995, UTD 1;
     #   agents/simbaV2/simbaV2_agent.py:247-282 actor, temperature, critic and target each step once per update.
+    #   Its published Gym MuJoCo figures are of another setting: results/baseline/simbaV2_utd2.csv is SimbaV2 at UTD 2
+    #   on the v4 tasks (Hopper-v4 2821 at 100k steps, mean of ten seeds; benchmarks/anchors/), where this preset
+    #   runs UTD 1 and keelrl's MuJoCo tasks are v5.
     "simbav2": dict(network="simbav2", normalize_obs=True, obs_clip=None, critic_head="c51", num_bins=101,
                     scale_rewards=True, optimizer="adam", policy_lr=1e-4, q_lr=1e-4, final_lr_fraction=0.5,
                     utd=1, gamma=MUJOCO_DISCOUNT, policy_frequency=1, alpha_init=0.01, target_entropy_scale=-0.5,

@@ -280,8 +280,9 @@ def section(page: str, results: list[RunResult], reps: int, anchors: dict[str, l
              f"\"below\"; an anchor with fewer than {MIN_VERDICT_SEEDS} seeds at a step is listed seed by seed, with "
              f"no verdict. Verdicts for keelrl's {', '.join(JUDGED_AGENTS).upper()} entries (the agents the file has a "
              f"published curve of) against {', '.join(COMPARED)}; the other entries and anchors stand in the tables "
-             "without one.", "",
-             *summary_lines(found, sorted({s for t in tasks for s in t.steps}))]
+             "without one."]
+    summary = summary_lines(found, sorted({s for t in tasks for s in t.steps}))
+    lines += ["", *summary] if summary else []
     for task in tasks:
         lines += _task_lines(page, task, [c for c in found if c.task == task.task])
     lines += _iqm_lines(iqm_rows(tasks, reps), reps)
@@ -289,14 +290,16 @@ def section(page: str, results: list[RunResult], reps: int, anchors: dict[str, l
 
 
 def _task_lines(page: str, task: TaskAnchors, found: list[Comparison]) -> list[str]:
-    header = ["step", *[f"keelrl {entry}" for entry in task.runs], *[a.algorithm for a in task.anchors]]
+    header = ["step", *[f"keelrl {entry}" for entry in task.runs],
+              *[f"{a.algorithm} (UTD {a.updates_per_step})" for a in task.anchors]]
     lines = ["", f"### {task.task}", "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for step in task.steps:
         row = [steps_label(step), *[_returns_text(seeds_at(runs, step)) for runs in task.runs.values()],
                *[_returns_text(anchor.seeds_at(step), MIN_VERDICT_SEEDS) for anchor in task.anchors]]
         lines.append("| " + " | ".join(row) + " |")
-    lines += ["", "| step | keelrl entry | against | keelrl − anchor | 95% CI | verdict |", "|---|---|---|---|---|---|"]
-    lines += [_comparison_row(c) for c in found]
+    if found:
+        lines += ["", "| step | keelrl entry | against | keelrl − anchor | 95% CI | verdict |",
+                  "|---|---|---|---|---|---|", *[_comparison_row(c) for c in found]]
     lines += ["", f"![{task.task}: keelrl beside the published curves]({page}_anchors_{task_slug(task.task)}.png)"]
     return lines
 

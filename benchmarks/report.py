@@ -112,8 +112,8 @@ def machine_description() -> list[str]:
     lines = [f"Machine: {cpu_name()}, {os.cpu_count()} CPU cores ({usable} usable by the process that wrote this "
              f"page), {platform.system()} {platform.release()}",
              f"Software: {software_versions()}"]
-    commit = commit_text()
-    return lines + ([f"keelrl commit: `{commit}`"] if commit else [])
+    commit, _, changed = commit_text().partition(" ")
+    return lines + ([f"keelrl commit: `{commit}`" + (f" {changed}" if changed else "")] if commit else [])
 
 
 def _git(*args: str) -> str:
@@ -400,7 +400,7 @@ def read_runs_tables(out_dir: Path, name: str) -> list[RunResult]:
         curves.setdefault(key, []).append((int(row["step"]), float(row["eval_return"])))
     return [RunResult(
         row["family"], row["label"], row["agent"], row["task"], int(row["seed"]), int(row["budget"]), row["status"],
-        data=row["data"], options=row.get("options", ""), run_dir=row["run_dir"], steps=int(row["steps"]),
+        data=row.get("data", CLEAN), options=row.get("options", ""), run_dir=row["run_dir"], steps=int(row["steps"]),
         final_return=float(row["final_return"]), final_cost=float(row["final_cost"]), score=float(row["score"]),
         score_references=row.get("score_references", ""),
         last_train_return=float(row["last_train_return"]), wall_s=float(row["wall_s"]), machine=row.get("machine", ""),
@@ -440,10 +440,11 @@ def runs_made_on(results: list[RunResult]) -> list[str]:
     made: dict[str, list[str]] = {}
     for r in (r for r in results if r.curve):
         cell = f"{r.label} {r.task}"
-        made.setdefault(r.machine or "not recorded", [])
-        if cell not in made[r.machine or "not recorded"]:
-            made[r.machine or "not recorded"].append(cell)
-    lines += [f"Runs made on {machine}: {', '.join(cells)}" for machine, cells in made.items()]
+        if cell not in made.setdefault(r.machine, []):
+            made[r.machine].append(cell)
+    lines += [f"Runs made on {machine}: {', '.join(cells)}" if machine
+              else f"Runs whose machine was not recorded (made before cell.json recorded it): {', '.join(cells)}"
+              for machine, cells in made.items()]
     return lines
 
 
@@ -455,8 +456,9 @@ def write_report(out_dir: Path, name: str, results: list[RunResult], header: lis
               f"Generated: {time.strftime('%Y-%m-%d %H:%M %Z')}"]
     beside = write_markdown(out_dir / f"{name}.md", name, header, results, reps)
     write_csvs(out_dir, name, results, reps, runs_dir)
-    if beside:
-        anchors.write_csv(out_dir / f"{name}_anchors.csv", anchors.comparisons(beside, reps))
+    verdicts = anchors.comparisons(beside, reps)
+    if verdicts:
+        anchors.write_csv(out_dir / f"{name}_anchors.csv", verdicts)
     for task in beside:
         anchors.plot_task(out_dir / f"{name}_anchors_{anchors.task_slug(task.task)}.png", task)
     for family in dict.fromkeys(r.family for r in results):

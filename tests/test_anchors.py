@@ -125,7 +125,8 @@ def test_the_report_draws_each_task_writes_the_verdicts_and_names_precision_and_
     page = (tmp_path / "page.md").read_text()
     assert "- Precision: sac bf16, td3 bf16" in page
     assert "- Runs made on AMD EPYC (avx512_bf16); mujoco 3.17.0; keelrl abc1234: sac Hopper-v4, td3 Hopper-v4" in page
-    assert runs_made_on([run("ppo", "Hopper-v4", 1, {10: 1.0})])[1] == "Runs made on not recorded: ppo Hopper-v4"
+    assert runs_made_on([run("ppo", "Hopper-v4", 1, {10: 1.0})])[1] == ("Runs whose machine was not recorded (made before "
+                                                                     "cell.json recorded it): ppo Hopper-v4")
 
 
 def test_ppo_is_set_against_the_spread_of_cleanrls_last_episodes():

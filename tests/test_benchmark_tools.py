@@ -32,7 +32,7 @@ def test_final_evaluation_cost_and_last_training_episodes(tmp_path):
     assert (second.final_eval, second.final_cost, second.last_train) == (100.0, 40.0, 5.0)
     lines = table("keelrl", [first, second]).splitlines()
     assert lines[4] == "| a | 2000 | 300.0 | 12.0 | 15.0 | nan |"  # no TensorBoard events: no speed
-    assert lines[-1] == "| mean ± std (2 runs) | | 200.0 ± 100.0 | 26.0 ± 14.0 | 10.0 ± 5.0 | nan ± nan |"
+    assert lines[-1] == "| mean ± std (ddof 0, 2 runs) | | 200.0 ± 100.0 | 26.0 ± 14.0 | 10.0 ± 5.0 | nan ± nan |"
 
 
 def test_training_return_curves_average_each_run_per_bin_then_across_runs(tmp_path):

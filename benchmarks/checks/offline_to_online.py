@@ -169,7 +169,7 @@ def summary(grid: Grid, runs_dir: Path, early: int, late: int, bin_steps: int, c
         return lines + ["", "No online run has evaluated yet."]
     scored = "" if refs is None else (f" (normalised score with the dataset's references {refs[0]:.1f}, "
                                       f"{refs[1]:.1f})")
-    lines += ["", f"Online: evaluation return{scored}, mean ± std over seeds", ""]
+    lines += ["", f"Online: evaluation return{scored}, mean ± std over seeds (std with ddof 0)", ""]
     lines += online_table(groups, refs, early, late)
     if curves_png is not None:
         draw(groups, early, bin_steps, curves_png)

@@ -114,7 +114,7 @@ def table(title: str, runs: list[RunSummary]) -> str:
     for run in runs:
         lines.append(f"| {run.name} | {run.last_step} | {run.final_eval:.1f} | {run.final_cost:.1f} | "
                      f"{run.last_train:.1f} | {run.sps:.0f} |")
-    lines.append(f"| mean ± std ({len(runs)} runs) | | {mean_std([r.final_eval for r in runs])} | "
+    lines.append(f"| mean ± std (ddof 0, {len(runs)} runs) | | {mean_std([r.final_eval for r in runs])} | "
                  f"{mean_std([r.final_cost for r in runs])} | {mean_std([r.last_train for r in runs])} | "
                  f"{mean_std([r.sps for r in runs], 0)} |")
     return "\n".join(lines)

@@ -39,7 +39,20 @@ from keelrl.benchmarks.aggregate import read_csv_rows
 
 PUBLISHED_HOPPER_100K = {"SimbaV2 (UTD 2)": 2821, "SAC": 1103}
 """Hopper-v4 mean return at 100k steps, 10 seeds: the SimbaV2 repository's results/baseline/*.csv (REFERENCES.md,
-"Small-budget online figures"); v4 and their settings, not this run's Hopper-v5."""
+"Small-budget online figures"); v4 and their settings (SimbaV2 at UTD 2), not this run's Hopper-v5 (keelrl's
+--preset simbav2 runs UTD 1, its repository's MuJoCo configuration)."""
+PUBLISHED_NOTE = ("The published rows are the SimbaV2 repository's Hopper-v4 means at 100k steps over ten seeds, "
+                  "SimbaV2 at UTD 2; keelrl's entries run Hopper-v5, and its sac-simbav2 (--preset simbav2) runs "
+                  "UTD 1.")
+LEANRL_OTHER_LEASE = {"sac": 531.1, "td3": 661.7}
+"""LeanRL's best (torch.compile + CUDA graphs), steps/s, on the first H200 lease (keelrl at 344a81d): the same script
+and speed.py settings on Hopper-v5 (its speed table is benchmarks/results/gpu.md of commit 92b3757; its files were not
+kept), where the lease of the committed speed table ran it at 352.5 (SAC) and 635.5 (TD3)"""
+LEANRL_README = {"sac": 725, "td3": 936}
+"""LeanRL's README (REFERENCES.md, "GPU speed"): torch.compile + CUDA graphs on one H100 with HalfCheetah-v4, env
+steps/s"""
+MADE_BY = "This page was made by `"
+"""how the page's line naming its command begins"""
 BEHAVIOUR_SCORE = 34.3
 """keelrl/hopper-medium-v0's behaviour policy, normalised (benchmarks/results/offline.md)"""
 COMMANDS = (
@@ -127,8 +140,9 @@ def best_rates(rows: list[dict]) -> tuple[dict[int, float], dict[str, float | No
     return rate, best
 
 
-def speed_headline(rows: list[dict]) -> list[str]:
-    """Per agent: keelrl's best setting over LeanRL's best and over CleanRL's."""
+def speed_headline(rows: list[dict], timed_steps: int | None = None) -> list[str]:
+    """Per agent: keelrl's best setting over LeanRL's best and over CleanRL's; with `timed_steps`, under it how far
+    that goes: one run per setting, and LeanRL's best as another lease measured it and as its README reports it."""
     headline = []
     for algo in dict.fromkeys(row["algo"] for row in rows):
         mine = [row for row in rows if row["algo"] == algo]
@@ -140,6 +154,12 @@ def speed_headline(rows: list[dict]) -> list[str]:
                       for name, said in (("leanrl", "LeanRL's best"), ("cleanrl", "CleanRL")) if best[name]]
             headline.append(f"- {algo.upper()}: keelrl's best ({setting}, {best['keelrl']:.1f} steps/s) is "
                             + (", ".join(versus) if versus else "not compared (no reference measured)") + ".")
+            if timed_steps is not None and algo in LEANRL_OTHER_LEASE:
+                headline.append(
+                    f"  - one run of each setting ({timed_steps:,} timed steps). LeanRL's best ran at "
+                    f"{LEANRL_OTHER_LEASE[algo]} steps/s on another H200 lease (keelrl at 344a81d), keelrl's best "
+                    f"{best['keelrl'] / LEANRL_OTHER_LEASE[algo]:.2f}× that; LeanRL's README reports "
+                    f"{LEANRL_README[algo]} on an H100 with HalfCheetah-v4.")
     return headline
 
 
@@ -238,6 +258,7 @@ def learning_section(learning: list[dict], progress: list[dict], cpus: tuple[CPU
                       for name, value in PUBLISHED_HOPPER_100K.items()]
             lines += [line for cpu in cpus for line in cpu_lines(cpu, [row for row in progress
                                                                          if row["grid"] == grid], step)]
+            lines += ["", PUBLISHED_NOTE]
         lines += ["", *side_by_side_section(learning, progress, grid, cpus)]
     return lines
 
@@ -480,6 +501,20 @@ def plot_curves(learning: list[dict], progress: list[dict], path: Path, cpus: tu
     figure.savefig(path, dpi=100)
 
 
+def command_of(args: Args) -> str:
+    """The command that makes the page again, its paths as a committed page shows them (relative to the repository,
+    or a placeholder)."""
+    from keelrl.benchmarks.leaderboard import shareable_path
+
+    words = ["python", "-m", "keelrl.benchmarks.gpu.page", "--results",
+             *[shareable_path(str(folder), "--results") for folder in args.results],
+             "--out", shareable_path(str(args.out), "--out")]
+    words += ["--leases", shareable_path(str(args.leases), "--leases")] if args.leases else []
+    if args.cpu_cells != Args.cpu_cells:
+        words += ["--cpu-cells", *[shareable_path(str(cells), "--cpu-cells") for cells in args.cpu_cells]]
+    return " ".join(words)
+
+
 def write_page(args: Args) -> Path:
     files = read_files(args.results)
     environment = same_run(args.results)
@@ -490,8 +525,14 @@ def write_page(args: Args) -> Path:
     speed_rows = merged_speed_rows(args.results)
     cpus = tuple(cpu_leaderboard(cells, args.out) for cells in args.cpu_cells)
     lines = ["# keelrl on a GPU: speed beside LeanRL and CleanRL, and learning on Hopper", *trial, "",
-             "## Summary", "", *speed_headline(speed_rows),
-             *learning_summary(evidence.learning, evidence.progress, cpus), "", "## How it was run", "",
+             f"{MADE_BY}{command_of(args)}` (benchmarks/gpu/page.py) from the files the leases brought back and "
+             "the CPU leaderboards' tables, all committed; the part of \"How it was run\" that tells each lease is "
+             "the leases file, written by hand. Every mean ± std is over seeds, the std with ddof 0 (the "
+             "leaderboard's convention).", "",
+             "## Summary", "", *speed_headline(speed_rows, environment["timed_steps"]),
+             *learning_summary(evidence.learning, evidence.progress, cpus), "",
+             *([PUBLISHED_NOTE, ""] if any(not row["normalized_score"] for row in evidence.learning) else []),
+             "## How it was run", "",
              f"The speed step's machine: {environment['device']}, {environment['cpus']} CPU cores; torch "
              f"{environment['torch']} (CUDA {environment['cuda'] or 'none'}), Python {environment['python']}; "
              f"keelrl at commit {environment['commit']}. The commands (benchmarks/gpu/README.md):", "",
