@@ -148,11 +148,22 @@ PRESETS = {
     #   reward scale 1 and bias 0, 250k updates; README.md:81 --use_redq, which sets (experiments/configs/
     #   ensemble_config.py:6-9) 10 critics, targets over a random pair, LayerNorm in actor and critics;
     #   experiments/configs/train_config.py:229-238 actor and critics 2 × 256 ReLU, :239-240 α_cql 5 fixed;
-    #   agents/cql_config.py (experiments/configs/cql_config.py:10-13) 10 uniform actions, max target backup,
-    #   importance sampling; experiments/configs/sac_config.py:37-51 lr 1e-4 actor, 3e-4 critic, 1e-4 temperature
-    #   (keelrl's policy_lr drives both), :6,9 γ 0.99, τ 0.005, :7 no entropy in the backup, :12-13 temperature
-    #   from 1 autotuned, target entropy −|A| (agents/continuous/sac.py:526-527); finetune.py:65 batch 256.
+    #   experiments/configs/cql_config.py:10-13 10 uniform actions, max target backup, importance sampling;
+    #   experiments/configs/sac_config.py:37-51 lr 1e-4 actor, 3e-4 critic, 1e-4 temperature (keelrl's policy_lr
+    #   drives both), :6,9 γ 0.99, τ 0.005, :7 no entropy in the backup, :12-13 temperature from 1 autotuned, :8 with
+    #   wsrl/agents/cql.py:510-511 target entropy −|A|; finetune.py:65 batch 256.
     #   No observation normalisation anywhere in WSRL.
+    # Where the preset still differs from that pre-training (behaviour kept; matching it is later work):
+    #   - the actor is CORL's (`CQLActor`: one output layer for the mean and the raw log-std, log-std = m·raw + c
+    #     with learnable m and c, clamped to [−20, 2]); WSRL's has separate mean and log-std output layers,
+    #     std = exp(log-std) clipped to [1e-5, 10] (wsrl/networks/actor_critic_nets.py:92-93,112-126,153);
+    #   - the temperature is α = exp(log α), loss log α·(H − H̄) with H from the actor step's actions at s; WSRL's is
+    #     α = softplus(θ) (wsrl/networks/lagrange.py:28-29,47-49,77-79; wsrl/agents/cql.py:452-456), loss
+    #     α·(H − H̄) (lagrange.py:65-72; wsrl/agents/sac.py:165-177) with H = −mean log π(a'|s′) over the 10
+    #     max-backup samples per next state (sac.py:340-351 through wsrl/agents/cql.py:206-223);
+    #   - with --cal-ql (WSRL's pre-training on its antmaze, adroit and kitchen tasks), the logged bound rate is out
+    #     of the 2·N policy proposals; WSRL's out of all 3·N, the uniform ones (bound −∞) included
+    #     (wsrl/agents/cql.py:135-153): keelrl's is 3/2 of WSRL's.
     "wsrl": dict(hidden_sizes=(256, 256), num_critics=10, critic_subset_size=2, layer_norm=True, cql_alpha=5.0,
                  cql_n_actions=10, max_target_backup=True, cql_importance_sample=True, policy_lr=1e-4, qf_lr=3e-4,
                  normalize_obs=False),

@@ -157,15 +157,17 @@ update_epochs 4, ent_coef 0.01, and no normalisation wrappers (its make_env adds
 whichever budget is given)."""
 
 
-def resolve(config: PPOConfig) -> PPOConfig:
+def resolve(config: PPOConfig, agent: str = "PPO") -> PPOConfig:
     """The config a new run trains with: options left at None take CleanRL's defaults for the env's kind of action
-    space (an env is made once to see it; an unknown env id or action space is refused in one line)."""
+    space (an env is made once to see it; an unknown env id, an action space or an observation space `agent` cannot
+    take is refused in one line)."""
     if all(getattr(config, name) is not None for name in BOX_DEFAULTS):
         return config
     probe = make_vec_env(config.env_id, 1, 0, config.env_backend)
-    space = probe.single_action_space
+    space, observation_space = probe.single_action_space, probe.single_observation_space
     probe.close()
     check_action_space(space, config.env_id)
+    check_observation_space(observation_space, config.env_id, agent)
     return with_space_defaults(config, space)
 
 
@@ -208,6 +210,13 @@ def check_action_space(action_space: gym.Space, env_id: str) -> None:
     box = isinstance(action_space, gym.spaces.Box) and len(action_space.shape) == 1
     if not box and not isinstance(action_space, gym.spaces.Discrete):
         raise ValueError(f"PPO acts in a Box (vector) or Discrete action space; {env_id!r} has {action_space}.")
+
+
+def check_observation_space(observation_space: gym.Space, env_id: str, agent: str = "PPO") -> None:
+    """Refuse, in one line naming the space, observations the MLPs cannot take: anything but a flat Box (a Tuple
+    such as Blackjack's, a Dict, a Discrete index, an image)."""
+    if not (isinstance(observation_space, gym.spaces.Box) and len(observation_space.shape) == 1):
+        raise ValueError(f"{agent} takes flat (vector) Box observations; {env_id!r} has {observation_space}.")
 
 
 class PPO(SavedSpaceAgent):
@@ -473,6 +482,7 @@ def train(config: PPOConfig) -> TrainResult:
     with run:  # from here on, a failure releases the run's lock, threads and signals
         env = run.group(lambda seed: make_vec_env(config.env_id, config.num_envs, seed + run.step, config.env_backend))
         check_action_space(env.single_action_space, config.env_id)
+        check_observation_space(env.single_observation_space, config.env_id)
         obs_dim = int(np.prod(env.single_observation_space.shape))
         agent = run.agent(lambda: PPO(obs_dim, env.single_action_space, config)).to(config.device)
         agent.statistics_on_host()

@@ -48,6 +48,7 @@ from keelrl.agents.ppo import (
     PPO,
     PPOConfig,
     check_action_space,
+    check_observation_space,
     evaluate,
     explained_variance,
     go_on_with_the_rollout,
@@ -178,11 +179,13 @@ def train(config: PPOLagConfig) -> TrainResult:
     seed's result is returned)."""
     if config.resume is None:
         require_cost_task(config.env_id, config.env_backend, "PPO-Lag")  # before `resolve` makes the env to see it
-    run = SeedRuns(resolve(config) if config.resume is None else config, ALGO, validate, total="total_timesteps")
+    run = SeedRuns(resolve(config, "PPO-Lag") if config.resume is None else config, ALGO, validate,
+                   total="total_timesteps")
     config = run.config
     with run:  # from here on, a failure releases the run's lock, threads and signals
         env = run.group(lambda seed: make_vec_env(config.env_id, config.num_envs, seed + run.step, config.env_backend))
         check_action_space(env.single_action_space, config.env_id)
+        check_observation_space(env.single_observation_space, config.env_id, "PPO-Lag")
         obs_dim = int(np.prod(env.single_observation_space.shape))
         agent = run.agent(lambda: PPOLag(obs_dim, env.single_action_space, config)).to(config.device)
         agent.statistics_on_host()

@@ -5,7 +5,9 @@ Run:     python -m keelrl.agents.cql --dataset keelrl/hopper-medium-v0 --preset 
          python -m keelrl.agents.wsrl --pretrained RUN_DIR          (RUN_DIR: the finished CQL run's directory)
 Import:  from keelrl.agents.wsrl import WSRL, WSRLConfig, train, evaluate
 
-The algorithm, top to bottom (github.com/zhouzypaul/wsrl at 891ee35; file:line below are that repository's):
+The algorithm, top to bottom (github.com/zhouzypaul/wsrl at 891ee35; file:line below are that repository's,
+finetune.py at its root, sac_config.py and cql_config.py under experiments/configs/, the launch scripts under
+experiments/scripts/locomotion/):
 - start from the pre-trained run as it ended: actor, critics, target critics, temperature and the optimisers'
   states (finetune.py:209-219 restores the whole checkpoint); its observation statistics stay fixed; the
   environment is its dataset's;
@@ -15,11 +17,36 @@ The algorithm, top to bottom (github.com/zhouzypaul/wsrl at 891ee35; file:line b
   into `utd` minibatches; on each in turn a critic step onto r + γ(1 − terminated) min_{j∈S} Q'_j(s', a'),
   a' ~ π(s') and S a random subset of the critics (REDQ), then a target update; then one actor step on
   α log π(a|s) − min over all critics of Q(s, a) and one temperature step, on the whole batch
-  (agents/continuous/sac.py:624-678).
+  (wsrl/agents/sac.py:624-678).
 The networks are the pre-trained run's (agents/cql.py: `CQLActor`, a `CriticEnsemble`), the replay buffer
 comes from keelrl.buffers, the run plumbing (logs, evaluations, checkpoints, resume) from keelrl.agents.harness.
-Not reproduced from the reference: its critics share one output layer, its frozen networks still take
-momentum-only Adam steps during a partial update, and its temperature loss measures the entropy at s'.
+
+Where keelrl differs from the reference (read at 891ee35; keelrl's behaviour as it is, matching is later work):
+- the temperature: the reference's is α = softplus(θ) (wsrl/networks/lagrange.py:28-29,47-49,77-79; built at
+  wsrl/agents/sac.py:605-610) with loss α·(H − H̄) (lagrange.py:65-72, sac.py:165-177), H = −mean log π(a'|s')
+  of one fresh sample a' ~ π(s') per next state (sac.py:179-196,340-351); keelrl's is α = exp(log α) with loss
+  log α·(H − H̄), H from the actions the actor step samples at s;
+- the actor: the reference's has separate output layers for the mean and the log-std, std = exp(log-std) clipped
+  to [1e-5, 10] (wsrl/networks/actor_critic_nets.py:92-93,112-126,153); keelrl keeps the pre-training's, CORL's
+  actor (`CQLActor`: one output layer for both, log-std = m·raw + c with learnable m and c, clamped to [−20, 2]);
+- the pre-training (agents/cql.py --preset wsrl) measures its temperature's entropy at s like this file; the
+  reference's CQL at s′, over its 10 max-backup samples per next state (wsrl/agents/cql.py:206-223 in place of
+  sac.py:179-196; cql_config.py:10,12);
+- the warm-up is one transition shorter: the reference skips the update while (online steps before this one) ≤
+  max(warmup_steps, batch_size) (finetune.py:111,338-342, the step counted at :375 after the transition is stored at
+  :318), so its first update samples a buffer of warmup_steps + 2 transitions; keelrl's of warmup_steps + 1
+  (`learning_starts`), and makes one update more in the same budget;
+- the logged `losses/qf_loss`, `losses/qf_values` and `losses/qf_targets` are the last critic minibatch's; the
+  reference logs their mean over the `utd` minibatches (sac.py:662-664);
+- Cal-QL's logged bound rate (CQL with --cal-ql) counts the policy proposals below the bound out of the 2·N policy
+  proposals; the reference out of all 3·N, the uniform ones (bound −∞, never below) included (wsrl/agents/
+  cql.py:135-153), so keelrl's rate is 3/2 of the reference's;
+- the initialisation: the reference's layers are orthogonal with gain √2, 0.01 on the last hidden layer (which
+  LayerNorm then normalises) and √2 on the output layers (wsrl/networks/mlp.py:32-33); keelrl's critics put 0.01 on
+  the output layer, and `CQLActor` keeps PyTorch's default on its hidden layers and Xavier 0.01 on its output;
+- the reference's critics share one output layer (actor_critic_nets.py:41-72 around the ensemble of
+  sac.py:595-603), and its frozen networks still take momentum-only Adam steps during a partial update (their
+  losses replaced by 0.0 at sac.py:395-396, every optimiser's update still applied: wsrl/common/common.py:134-162).
 """
 
 from __future__ import annotations
@@ -96,7 +123,7 @@ class WSRLConfig(RunOptions):
     alpha_lr: float = 1e-4
     """temperature learning rate (sac_config.py:47-51)"""
     target_entropy_scale: float = -1.0
-    """target entropy = target_entropy_scale * action dimension (agents/continuous/sac.py:526-527)"""
+    """target entropy = target_entropy_scale * action dimension (wsrl/agents/sac.py:526-527)"""
     backup_entropy: bool = False
     """subtract α log π(a'|s') in the TD target (sac_config.py:7: not for WSRL)"""
     load_optimizers: bool = True
@@ -195,7 +222,8 @@ class WSRL(SavedAgent):
 
     def load_pretrained(self, networks: dict[str, torch.Tensor], optimizers: dict[str, Any] | None) -> None:
         """Take the pre-trained run's networks (a CQL state dict) and, when given, its optimisers' states; the
-        learning rates stay this run's."""
+        learning rates stay this run's. Call it on the agent already on its device: the loaded moments take the
+        parameters' device and dtype as they are now, and a later `.to()` leaves them behind."""
         self.load_state_dict(networks)
         for name, state in (optimizers or {}).items():
             optimizer = self.optimizers[name]
@@ -213,7 +241,8 @@ class WSRL(SavedAgent):
 
     def update(self, batch: Batch) -> dict[str, torch.Tensor]:
         """WSRL's high-UTD update on one batch of raw transitions: `utd` critic steps, each on its own minibatch and
-        followed by a target update, then one actor step and one temperature step on the whole batch."""
+        followed by a target update, then one actor step and one temperature step on the whole batch. The critic's
+        logged values are the last minibatch's (the reference's: their mean over the minibatches)."""
         if self.config.normalize_obs:
             batch = batch._replace(obs=self.obs_norm(batch.obs), next_obs=self.obs_norm(batch.next_obs))
         minibatches = zip(*(field.chunk(self.config.utd) if field is not None else [None] * self.config.utd
@@ -241,8 +270,9 @@ class WSRL(SavedAgent):
                          "losses/qf_values": q_data.detach().mean(), "losses/qf_targets": target.mean()}
 
     def actor_and_alpha_losses(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """The actor's loss α log π(a|s) − min_i Q_i(s, a), a ~ π(·|s), over every critic (agents/continuous/
-        sac.py:297-310), and the temperature's −log α (log π(a|s) + target_entropy), as in pre-training."""
+        """The actor's loss α log π(a|s) − min_i Q_i(s, a), a ~ π(·|s), over every critic (wsrl/agents/sac.py:
+        297-310), and the temperature's −log α (log π(a|s) + target_entropy) = log α·(H − H̄), as keelrl's CQL
+        pre-training has it (the reference: softplus(θ)·(H − H̄) with H at s′; module docstring)."""
         actions, log_prob = self.actor.sample(obs)
         with frozen(self.critic):  # the actor loss needs gradients w.r.t. actions only
             q_pi = self.critic(obs, actions)[..., 0].min(dim=0).values  # (E, B) -> (B,)
@@ -289,13 +319,14 @@ def train(config: WSRLConfig) -> TrainResult:
         require_box_actions(env, "WSRL")
         obs_dim = int(np.prod(env.single_observation_space.shape))
         low, high = env.single_action_space.low, env.single_action_space.high
-        agent = WSRL(obs_dim, low, high, config)
+        # on the run's device before any optimiser state is loaded: Adam puts loaded moments on the parameters'
+        # device (and dtype) as they are then, and moving the module later does not move them
+        agent = WSRL(obs_dim, low, high, config).to(config.device)
         if pretrained is not None:
             check_sizes(pretrained, obs_dim, low, config, env)
             checkpoint = Path(config.pretrained) / CHECKPOINT_FILE
             optimizers = read_checkpoint(checkpoint, None)["agent"]["optimizers"] if config.load_optimizers else None
             agent.load_pretrained(pretrained["networks"], optimizers)
-        agent.to(config.device)
         buffer = ReplayBuffer(config.buffer_size, (obs_dim,), low.shape, 1, config.device, gamma=config.gamma,
                               seed=config.seed)
         learning_starts = max(config.warmup_steps, config.batch_size)

@@ -397,3 +397,43 @@ def test_a_model_trained_on_a_gpu_loads_and_acts_on_the_cpu(algo, tmp_path):
     torch.save(model, tmp_path / "gpu_model.pt")
     agent = agent_cls.load(tmp_path / "gpu_model.pt", device="cpu")
     assert agent.config.device == "cpu" and agent.act(np.zeros((2, 4), np.float32)).shape == (2, 1)
+
+
+EVIDENCE_ENTRIES = "sac-scalar, sac-simba, sac-simbav2, sac-hlgauss, cql, iql"
+
+
+@pytest.mark.parametrize("action", ["start", "run", "collect"])
+@pytest.mark.parametrize("given, expected", [
+    (dict(agents=("sac-simba", "nosuch")),
+     f"error: --agents: no entry named 'nosuch' in gpu-evidence-online or gpu-evidence-offline; the entries are "
+     f"{EVIDENCE_ENTRIES}"),
+    (dict(processes=-1), "error: --processes must be 0 (every cell's process at once) or more, got -1"),
+])
+def test_evidence_refuses_an_unknown_entry_or_a_negative_process_count_in_one_line(action, given, expected, tmp_path,
+                                                                                  monkeypatch, capsys):
+    """An unknown --agents name was dropped: `run` then died in a traceback about --workers (a flag it does not
+    have), `collect` collected nothing and exited 0, `start` launched a `run` that failed in its log; --processes -1
+    was never checked. Each is one line naming the bad value (and the known entries), exit code 2, nothing started
+    or written."""
+    launched = []
+    monkeypatch.setattr(evidence, "subprocess", types.SimpleNamespace(
+        Popen=lambda command, **_: launched.append(command), STDOUT=None))
+    monkeypatch.setattr(evidence.leaderboard, "run_grids", lambda *args, **kwargs: launched.append(args))
+    args = evidence.Args(action, runs_dir=tmp_path / "runs", out=tmp_path / "out", device="cpu", tiny=True,
+                         commit_file=tmp_path / "commit.txt", **given)
+    assert evidence.main(args) == 2
+    assert capsys.readouterr().err == expected + "\n"
+    assert launched == [] and not (tmp_path / "runs").exists() and not (tmp_path / "out").exists()
+
+
+def test_the_evidence_command_line_refuses_an_unknown_entry_without_a_traceback(tmp_path):
+    import subprocess
+    import sys
+
+    command = [sys.executable, "-m", "keelrl.benchmarks.gpu.evidence", "collect", "--agents", "nosuch",
+               "--device", "cpu", "--runs-dir", str(tmp_path / "runs"), "--out", str(tmp_path / "out")]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert done.stderr.splitlines() == [f"error: --agents: no entry named 'nosuch' in gpu-evidence-online or "
+                                        f"gpu-evidence-offline; the entries are {EVIDENCE_ENTRIES}"]
+    assert not (tmp_path / "out").exists()

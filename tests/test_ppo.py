@@ -1,7 +1,7 @@
 """PPO: one update against a float64 oracle (GAE, clipped surrogate, clipped value loss, entropy, gradient
 clipping, one Adam step) for Box and Discrete actions; truncations bootstrapped from the true final observation;
-CleanRL's defaults per kind of action space; spaces PPO cannot act in refused in one line; a run resumed mid-rollout
-ending exactly as a straight run does; learning on CartPole; the envpool backend.
+CleanRL's defaults per kind of action space; action and observation spaces PPO cannot take refused in one line; a
+run resumed mid-rollout ending exactly as a straight run does; learning on CartPole; the envpool backend.
 
 The oracle copies the agent's weights into plain float64 tensors and recomputes the update by hand from CleanRL's
 ppo_continuous_action.py / ppo.py: tanh-MLP forward passes, the Gaussian or categorical log-densities and
@@ -20,11 +20,12 @@ import numpy as np
 import pytest
 import torch
 
-from keelrl.agents import ppo
+from keelrl.agents import ppo, ppo_lag
 from keelrl.agents.harness import loop
 from keelrl.agents.harness.options import run_cli
 from keelrl.agents.ppo import PPO, PPOConfig
 from keelrl.buffers.rollout import RolloutBuffer
+from keelrl.envs import CostWrapper
 from keelrl.evaluate import main as evaluate_main
 
 OBS_DIM, STEPS, ENVS = 3, 5, 2
@@ -238,6 +239,32 @@ def test_an_action_space_ppo_cannot_act_in_is_refused_in_one_line(capsys):
     assert run_cli(ppo.train, PPOConfig, args=["--env-id", "keelrl_test/TupleActions-v0"]) == 2
     assert capsys.readouterr().err == ("error: PPO acts in a Box (vector) or Discrete action space; "
                                        "'keelrl_test/TupleActions-v0' has Tuple(Discrete(2), Discrete(2)).\n")
+
+
+gym.register("keelrl_test/CostlyBlackjack-v0",
+             entry_point=lambda: CostWrapper(gym.make("Blackjack-v1"), lambda action, obs, info: 0.0))
+BLACKJACK = "Tuple(Discrete(32), Discrete(11), Discrete(2))"
+
+
+@pytest.mark.parametrize("agent, env_id, given", [
+    ("ppo", "Blackjack-v1", []),
+    ("ppo", "Blackjack-v1", ["--num-envs", "1", "--num-steps", "8", "--learning-rate", "1e-3",
+                             "--num-minibatches", "1", "--update-epochs", "1", "--ent-coef", "0",
+                             "--normalize-obs", "False", "--normalize-reward", "False"]),  # nothing left to resolve
+    ("ppo_lag", "keelrl_test/CostlyBlackjack-v0", []),
+])
+def test_an_observation_space_ppo_cannot_take_is_refused_in_one_line(agent, env_id, given, tmp_path, capsys):
+    """Observations that are not a flat Box (Blackjack's are a Tuple) are refused in one line naming the space,
+    exit code 2, no traceback and no run directory, whether or not the options left an env to probe for defaults;
+    PPO-Lag, which reuses PPO's pieces, alike. They used to end in a TypeError from the observation size."""
+    module = {"ppo": ppo, "ppo_lag": ppo_lag}[agent]
+    config_cls = {"ppo": PPOConfig, "ppo_lag": ppo_lag.PPOLagConfig}[agent]
+    runs = tmp_path / "runs"
+    code = run_cli(module.train, config_cls, args=["--env-id", env_id, "--runs-dir", str(runs), "--quiet", *given])
+    name = {"ppo": "PPO", "ppo_lag": "PPO-Lag"}[agent]
+    assert capsys.readouterr().err == (f"error: {name} takes flat (vector) Box observations; {env_id!r} has "
+                                       f"{BLACKJACK}.\n")
+    assert code == 2 and not runs.exists()
 
 
 def model_digest(run_dir) -> list[tuple[str, float]]:

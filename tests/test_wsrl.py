@@ -8,9 +8,11 @@ import json
 import numpy as np
 import pytest
 import torch
+from torch import nn
 
 from keelrl.agents.cql import CQL, CQLConfig
 from keelrl.agents.cql import train as train_cql
+from keelrl.agents.harness.loop import Run
 from keelrl.agents.harness.options import run_cli
 from keelrl.agents.iql import IQLConfig
 from keelrl.agents.iql import train as train_iql
@@ -253,3 +255,72 @@ def test_refusals_in_one_line(pretrained, tmp_path, capsys):
         err = capsys.readouterr().err
         assert message in err and err.count("\n") == 1, (args, err)
     assert not (tmp_path / "refused").exists()  # no run directory is made for a refused run
+
+
+class Handed(Exception):
+    """Ends a run once it has handed its agent to the harness."""
+
+
+def optimiser_mismatches(agent: WSRL) -> list[str]:
+    """Each optimiser state tensor that is not on its parameter's device, or (moments) not of its dtype."""
+    mismatches = []
+    for name, optimizer in agent.optimizers.items():
+        for group in optimizer.param_groups:
+            for param in group["params"]:
+                for key, value in optimizer.state[param].items():
+                    same_dtype = key == "step" or value.dtype == param.dtype  # Adam keeps `step` float32
+                    if value.device != param.device or not same_dtype:
+                        mismatches.append(f"{name} {key}: {value.dtype} on {value.device}, parameter {param.dtype} on "
+                                          f"{param.device}")
+    return mismatches
+
+
+def test_the_pretrained_adam_states_follow_the_networks_to_the_run_device(pretrained, tmp_path, monkeypatch):
+    """Moving the agent to the run's device does not move optimiser state (Adam puts its moments on the parameters'
+    device and dtype when they are loaded), so the networks must move first. A move to float64 stands in for the
+    move to CUDA: the agent handed to the harness has every moment in its parameter's dtype and on its device, with
+    the pre-trained values."""
+    run_dir, _ = pretrained
+    handed = []
+
+    def hand_over(self, name, agent, *args, **kwargs):
+        handed.append(agent)
+        raise Handed
+
+    monkeypatch.setattr(WSRL, "to", lambda self, device: nn.Module.to(self, torch.float64))
+    monkeypatch.setattr(Run, "start", hand_over)
+    with pytest.raises(Handed):
+        train_wsrl(tiny(run_dir, tmp_path))
+    (agent,) = handed
+    assert agent.critic.net.layers[0].weight.dtype == torch.float64
+    assert optimiser_mismatches(agent) == []
+    pretrained_state = torch.load(run_dir / "checkpoint.pt", weights_only=True)["agent"]["optimizers"]
+    for name, optimizer in agent.optimizers.items():
+        loaded = optimizer.state_dict()["state"]
+        assert set(loaded) == set(pretrained_state[name]["state"]), name
+        for index, moments in pretrained_state[name]["state"].items():
+            for key in ("exp_avg", "exp_avg_sq"):
+                torch.testing.assert_close(loaded[index][key], moments[key].double(), rtol=0, atol=0)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_wsrl_fine_tunes_on_cuda_from_the_pretrained_adam_states(pretrained, tmp_path):
+    """On CUDA, the run takes its updates with the pre-trained Adam states (the first fused step used to meet CPU
+    moments beside CUDA parameters and fail): every state tensor on the GPU, finite weights, 20 updates counted."""
+    run_dir, _ = pretrained
+    handed = []
+    start = Run.start
+
+    def keep(self, name, agent, *args, **kwargs):
+        handed.append(agent)
+        return start(self, name, agent, *args, **kwargs)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(Run, "start", keep)
+        result = train_wsrl(tiny(run_dir, tmp_path, total_timesteps=80, warmup_steps=60, device="cuda"))
+    (agent,) = handed
+    assert result.global_step == 80 and agent.num_updates == 20
+    assert agent.critic.net.layers[0].weight.is_cuda and optimiser_mismatches(agent) == []
+    assert all(value.is_cuda for optimizer in agent.optimizers.values() for state in optimizer.state.values()
+               for value in state.values())
+    assert all(torch.isfinite(tensor).all() for tensor in agent.state_dict().values())

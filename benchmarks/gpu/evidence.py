@@ -21,6 +21,8 @@ wall-clock time since its first evaluation), machine.json (the device, the commi
 step's, whether the cells share the GPU through MPS, and the online cells' --precision where it is not fp32), the
 last lines of the leaderboard's log (which starts with the command of every `start`) and cell_logs.txt (the end of
 each failed cell's own log: its error). Collect again later for more; the cells keep running meanwhile.
+An --agents name that is no entry of the grids, or a negative --processes, is refused in one line (exit code 2) before
+anything starts or is written.
 """
 
 from __future__ import annotations
@@ -105,15 +107,22 @@ class Args:
 
 def grids(args: Args) -> list[leaderboard.Grid]:
     """Both grids (their --agents entries) on `--device`; with --tiny, every budget TINY_STEPS, evaluations every
-    TINY_EVAL_FREQ and the online cells' updates from TINY_LEARNING_STARTS."""
+    TINY_EVAL_FREQ and the online cells' updates from TINY_LEARNING_STARTS. A name in --agents that is no entry of
+    either grid is refused (ValueError naming it and the entries)."""
     options, online = {"device": args.device}, {"cudagraphs": True} if args.cudagraphs else {}
     if args.precision != "fp32":
         online |= {"precision": args.precision}
     if args.tiny:
         options |= {"eval-freq": TINY_EVAL_FREQ, "checkpoint-freq": TINY_STEPS, "eval-episodes": 2}
         online |= {"learning-starts": TINY_LEARNING_STARTS}  # updates begin within the tiny budget
+    loaded = [leaderboard.load_grid(name) for name in GRIDS]
+    entries = [agent.name for grid in loaded for agent in grid.agents]
+    if unknown := [name for name in args.agents if name not in entries]:
+        named = ", ".join(repr(name) for name in unknown)
+        raise ValueError(f"--agents: no entry named {named} in {' or '.join(GRIDS)}; the entries are "
+                         f"{', '.join(entries)}")
     chosen = []
-    for grid in map(leaderboard.load_grid, GRIDS):
+    for grid in loaded:
         agents = grid.agents if not args.agents else tuple(agent for name in args.agents for agent in grid.agents
                                                             if agent.name == name)
         tasks = tuple(dataclasses.replace(task, steps=TINY_STEPS) if args.tiny else task for task in grid.tasks)
@@ -250,14 +259,28 @@ def write_results(args: Args, every: list[leaderboard.Cell], device: dict) -> li
     return progress
 
 
-def main(args: Args) -> None:
+def validate(args: Args) -> None:
+    """Refuse, before anything starts or is written, an --agents name no grid has and a negative --processes."""
+    if args.processes < 0:
+        raise ValueError(f"--processes must be 0 (every cell's process at once) or more, got {args.processes}")
+    grids(args)  # refuses an unknown entry
+
+
+def main(args: Args) -> int:
+    """Do `args.action`; 2 after a one-line refusal of a bad --agents name or --processes count, else 0."""
     if args.action == "collect" and args.out is None:
         raise SystemExit("collect writes its files into --out: give it (on the GPU machine: --out $OUT)")
     if args.serial_without_mps and not args.mps:
         raise SystemExit("--serial-without-mps says what to do when MPS is off: it goes with --mps (for one process "
                          "at a time in any case, give --processes 1)")
+    try:
+        validate(args)
+    except ValueError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
     {"start": start, "run": run, "collect": collect}[args.action](args)
+    return 0
 
 
 if __name__ == "__main__":
-    main(parse_command_line(Args))
+    raise SystemExit(main(parse_command_line(Args)))
