@@ -9,19 +9,23 @@ For each task of a page that has anchors, at each step of `TABLE_STEPS` that the
 - the interquartile mean of the normalised scores (reference_scores.SCORE_RANGES) over the tasks every side has,
   with its stratified-bootstrap 95% interval, keelrl's entries beside the anchors.
 
-Tasks are matched by environment version: keelrl's `Hopper-v4` meets the anchors' `Hopper-v4`, a `Hopper-v5` run
-meets none (v5 changed rewards and contacts); DMC ids (`dm_control/cheetah-run-v0`, `cheetah-run`) meet the anchors'
-`cheetah-run`.
+Tasks are matched by id, which fixes the environment version and the action repeat: keelrl's `Hopper-v4` meets the
+anchors' `Hopper-v4`, a `Hopper-v5` run meets none (v5 changed rewards and contacts); keelrl's `cheetah-run` (action
+repeat 2, as the anchors ran DMC: keelrl.envs.dmc) meets the anchors' `cheetah-run`, `dm_control/cheetah-run-v0`
+(action repeat 1, another decision rate) none. Steps are the anchors': simulator steps, so a keelrl step on an id
+with action repeat k counts k (keelrl's evaluation at its step 150k stands at the anchors' 300k).
 """
 
 from __future__ import annotations
 
 import csv
 import dataclasses
-from collections.abc import Sequence
 from pathlib import Path
 
+import gymnasium as gym
 import numpy as np
+
+import keelrl.envs  # noqa: F401  (registers the DMC ids, whose action repeat scales their steps)
 
 from keelrl.benchmarks.aggregate import FINISHED, RunResult, iqm, run_outcome, stratified_bootstrap_ci
 from keelrl.benchmarks.reference_scores import normalized_score
@@ -69,20 +73,19 @@ def load_anchors(path: Path = ANCHORS_FILE) -> dict[str, list[Anchor]]:
     return anchors
 
 
-def anchor_task(task_id: str, known: Sequence[str]) -> str | None:
-    """The anchors' name of a keelrl task id, or None: 'Hopper-v4' -> 'Hopper-v4' (same version only),
-    'dm_control/cheetah-run-v0' and 'cheetah-run' -> 'cheetah-run'."""
-    if task_id in known:
-        return task_id
-    if task_id.startswith("dm_control/") and task_id.endswith("-v0"):
-        name = task_id.removeprefix("dm_control/").removesuffix("-v0")
-        return name if name in known else None
-    return None
+def action_repeat(task_id: str) -> int:
+    """The simulator steps of one keelrl step on this task: its registered `action_repeat` (DMC), else 1."""
+    try:
+        return int(gym.spec(task_id).kwargs.get("action_repeat", 1))
+    except gym.error.Error:  # not registered here
+        return 1
 
 
-def seeds_at(runs: list[RunResult], step: int) -> np.ndarray:
-    """The finished runs' evaluation returns at `step` (those that evaluated there), (seeds,)."""
-    return np.asarray([dict(r.curve)[step] for r in runs if run_outcome(r) == FINISHED and step in dict(r.curve)])
+def seeds_at(runs: list[RunResult], step: int, repeat: int = 1) -> np.ndarray:
+    """The finished runs' evaluation returns at the anchors' `step` (keelrl's step // repeat), of those that
+    evaluated there, (seeds,)."""
+    ours = step // repeat
+    return np.asarray([dict(r.curve)[ours] for r in runs if run_outcome(r) == FINISHED and ours in dict(r.curve)])
 
 
 def difference_interval(ours: np.ndarray, theirs: np.ndarray, reps: int,
@@ -142,6 +145,13 @@ class TaskAnchors:
     anchors: list[Anchor]
     runs: dict[str, list[RunResult]]
     steps: list[int]
+    """the anchors' steps compared (simulator steps)"""
+    repeat: int = 1
+    """simulator steps per keelrl step (the task's action repeat)"""
+
+    def seeds_at(self, entry: str, step: int) -> np.ndarray:
+        """keelrl's finished seeds of an entry at the anchors' `step`."""
+        return seeds_at(self.runs[entry], step, self.repeat)
 
 
 def tasks_with_anchors(results: list[RunResult], anchors: dict[str, list[Anchor]]) -> list[TaskAnchors]:
@@ -149,24 +159,24 @@ def tasks_with_anchors(results: list[RunResult], anchors: dict[str, list[Anchor]
     anchors and TABLE_STEPS have."""
     tasks = []
     for task in dict.fromkeys(r.task for r in results):
-        name = anchor_task(task, list(anchors))
-        if name is None:
+        if task not in anchors:
             continue
         runs: dict[str, list[RunResult]] = {}
         for result in (r for r in results if r.task == task):
             runs.setdefault(result.label, []).append(result)
-        budget = max(r.budget for r in results if r.task == task)
-        recorded = {step for anchor in anchors[name] for step in anchor.returns}
+        repeat = action_repeat(task)
+        budget = max(r.budget for r in results if r.task == task) * repeat
+        recorded = {step for anchor in anchors[task] for step in anchor.returns}
         steps = [step for step in TABLE_STEPS if step <= budget and step in recorded]
-        ordered = sorted(anchors[name], key=lambda a: COMPARED.index(a.algorithm) if a.algorithm in COMPARED
+        ordered = sorted(anchors[task], key=lambda a: COMPARED.index(a.algorithm) if a.algorithm in COMPARED
                          else len(COMPARED))
-        tasks.append(TaskAnchors(task, ordered, runs, steps))
+        tasks.append(TaskAnchors(task, ordered, runs, steps, repeat))
     return tasks
 
 
 def comparisons(tasks: list[TaskAnchors], reps: int) -> list[Comparison]:
     """Every keelrl entry against every compared anchor, per task and step."""
-    return [compare(entry, seeds_at(runs, step), anchor, task.task, step, reps)
+    return [compare(entry, task.seeds_at(entry, step), anchor, task.task, step, reps)
             for task in tasks for step in task.steps for entry, runs in task.runs.items()
             if runs[0].agent in JUDGED_AGENTS for anchor in task.anchors if anchor.algorithm in COMPARED]
 
@@ -206,8 +216,8 @@ def iqm_rows(tasks: list[TaskAnchors], reps: int) -> list[IQMRow]:
             at_step = [task for task in in_suite if step in task.steps]
             sides: dict[str, list[np.ndarray]] = {}
             for task in at_step:
-                for entry, runs in task.runs.items():
-                    sides.setdefault(f"keelrl {entry}", []).append(_scores(task.task, seeds_at(runs, step)))
+                for entry in task.runs:
+                    sides.setdefault(f"keelrl {entry}", []).append(_scores(task.task, task.seeds_at(entry, step)))
                 for anchor in task.anchors:
                     sides.setdefault(anchor.algorithm, []).append(_scores(anchor.task, anchor.seeds_at(step)))
             for name, scores in sides.items():
@@ -292,9 +302,13 @@ def section(page: str, results: list[RunResult], reps: int, anchors: dict[str, l
 def _task_lines(page: str, task: TaskAnchors, found: list[Comparison]) -> list[str]:
     header = ["step", *[f"keelrl {entry}" for entry in task.runs],
               *[f"{a.algorithm} (UTD {a.updates_per_step})" for a in task.anchors]]
-    lines = ["", f"### {task.task}", "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines = ["", f"### {task.task}", ""]
+    if task.repeat != 1:
+        lines += [f"Action repeat {task.repeat}, as the anchors ran it: steps are simulator steps, each keelrl step "
+                  f"counts {task.repeat}.", ""]
+    lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for step in task.steps:
-        row = [steps_label(step), *[_returns_text(seeds_at(runs, step)) for runs in task.runs.values()],
+        row = [steps_label(step), *[_returns_text(task.seeds_at(entry, step)) for entry in task.runs],
                *[_returns_text(anchor.seeds_at(step), MIN_VERDICT_SEEDS) for anchor in task.anchors]]
         lines.append("| " + " | ".join(row) + " |")
     if found:
@@ -335,14 +349,14 @@ def plot_task(path: Path, task: TaskAnchors, reps: int = 2_000) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
-    budget = max(r.budget for runs in task.runs.values() for r in runs)
+    budget = max(r.budget for runs in task.runs.values() for r in runs) * task.repeat
     colours = iter(f"C{i}" for i in range(len(COMPARED), 10))  # C0-C2 are the anchors' own
     for entry, runs in task.runs.items():
         curves = [dict(r.curve) for r in runs if run_outcome(r) == FINISHED and r.curve]
         if curves:
             steps = sorted(set.intersection(*(set(c) for c in curves)))
-            _band(ax, steps, [np.asarray([c[s] for c in curves]) for s in steps], f"keelrl {entry} ({len(curves)})",
-                  "-", next(colours), reps)
+            _band(ax, [s * task.repeat for s in steps], [np.asarray([c[s] for c in curves]) for s in steps],
+                  f"keelrl {entry} ({len(curves)})", "-", next(colours), reps)
     for anchor in (a for a in task.anchors if a.algorithm in COMPARED):
         steps = [s for s in anchor.returns if s <= budget]
         many = [s for s in steps if anchor.seeds_at(s).size >= MIN_VERDICT_SEEDS]
@@ -353,7 +367,7 @@ def plot_task(path: Path, task: TaskAnchors, reps: int = 2_000) -> None:
         if few:
             ax.scatter(*zip(*few), marker="x", color=colour, label=f"{anchor.algorithm} (published, per seed)")
     ax.set_title(f"{task.task}: keelrl solid, published dashed (95% CI shaded)", fontsize=10)
-    ax.set_xlabel("environment steps")
+    ax.set_xlabel("environment steps" if task.repeat == 1 else f"simulator steps (keelrl's steps × {task.repeat})")
     ax.set_ylabel("evaluation return")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)

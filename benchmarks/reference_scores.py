@@ -14,6 +14,9 @@ from __future__ import annotations
 import dataclasses
 import re
 
+from keelrl.envs import dmc
+from keelrl.envs.dmc import anchor_id
+
 
 @dataclasses.dataclass(frozen=True)
 class PublishedScore:
@@ -168,13 +171,7 @@ RLVR_SOURCE = ("the reward's own bounds: each keelrl.envs.rlvr_tasks verifier sc
                "or 0.0, so held-out greedy accuracy lies in [0, 1]")
 DMC_SOURCE = ("the suite's own bounds: every DeepMind Control task rewards each of its 1000 control steps with a value "
               "in [0, 1] (dm_control suite, Tassa et al. 2018)")
-DMC_TASKS = (
-    "acrobot-swingup", "ball-in-cup-catch", "cartpole-balance", "cartpole-balance-sparse", "cartpole-swingup",
-    "cartpole-swingup-sparse", "cheetah-run", "dog-run", "dog-stand", "dog-trot", "dog-walk", "finger-spin",
-    "finger-turn-easy", "finger-turn-hard", "fish-swim", "fish-upright", "hopper-hop", "hopper-stand",
-    "humanoid-run", "humanoid-stand", "humanoid-walk", "manipulator-bring-ball", "pendulum-swingup", "point-mass-easy",
-    "quadruped-run", "quadruped-walk", "reacher-easy", "reacher-hard", "swimmer-swimmer6", "swimmer-swimmer15",
-    "walker-run", "walker-stand", "walker-walk")
+DMC_TASKS = tuple(anchor_id(domain, task) for domain, task in dmc.DMC_TASKS)
 """DMC tasks by the anchors' names (`domain-task`; keelrl's ids dm_control/domain-task-v0 have the same key)"""
 SCORE_RANGES: dict[str, ScoreRange] = {
     # D4RL's numbers for the three robots keelrl also makes offline datasets for (buffers/offline.py uses the
@@ -221,10 +218,11 @@ OFFLINE_SCORE_SOURCE = (
 
 
 def task_key(task_id: str) -> str:
-    """The id without namespace and version, lower-cased: 'Hopper-v5' -> 'hopper',
-    'keelrl/SafeHopperVelocity-v1' -> 'safehoppervelocity', 'hopper-medium-v0' -> 'hopper-medium'."""
+    """The id without namespace and version, lower-cased, '_' written '-': 'Hopper-v5' -> 'hopper',
+    'keelrl/SafeHopperVelocity-v1' -> 'safehoppervelocity', 'hopper-medium-v0' -> 'hopper-medium',
+    'dm_control/ball_in_cup-catch-v0' -> 'ball-in-cup-catch'."""
     name = task_id.rsplit("/", 1)[-1]
-    return re.sub(r"-v\d+$", "", name).lower()
+    return re.sub(r"-v\d+$", "", name).lower().replace("_", "-")
 
 
 def published_for(family: str, agent: str, task_id: str) -> list[PublishedScore]:

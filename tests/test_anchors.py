@@ -37,15 +37,20 @@ def test_the_anchor_file_is_read_as_written_seeds_counted_per_algorithm_and_task
     assert {a.updates_per_step for a in loaded["Hopper-v4"] if a.algorithm in ("DroQ", "REDQ")} == {20}
 
 
-def test_tasks_meet_anchors_of_the_same_environment_version_only():
-    known = list(anchors.load_anchors())
-    assert anchors.anchor_task("Hopper-v4", known) == "Hopper-v4"
-    assert anchors.anchor_task("Hopper-v5", known) is None  # v5 changed rewards and contacts
-    assert anchors.anchor_task("dm_control/cheetah-run-v0", known) == "cheetah-run"
-    assert anchors.anchor_task("cheetah-run", known) == "cheetah-run"
-    assert anchors.anchor_task("InvertedPendulum-v4", known) is None
-    # DMC tasks are normalised on [0, 1000], and DMC's hopper-hop never takes Gym Hopper's range
-    assert normalized_score("dm_control/hopper-hop-v0", 250.0) == 25.0
+def test_tasks_meet_anchors_of_the_same_version_and_action_repeat_only_in_simulator_steps():
+    steps = range(10_000, 300_001, 10_000)
+    results = [run("sac", task, 1, {s: float(s) for s in steps})
+               for task in ("Hopper-v4", "Hopper-v5", "InvertedPendulum-v4", "dm_control/cheetah-run-v0")]
+    results += [run("sac", "cheetah-run", 1, {s: float(s) for s in range(10_000, 150_001, 10_000)}, budget=150_000)]
+    found = anchors.tasks_with_anchors(results, anchors.load_anchors())
+    # v5 changed rewards and contacts; dm_control/...-v0 decides at every control step, the anchors every second one
+    assert [(t.task, t.repeat, t.steps) for t in found] == [("Hopper-v4", 1, [100_000, 200_000, 300_000]),
+                                                           ("cheetah-run", 2, [100_000, 200_000, 300_000])]
+    assert found[1].seeds_at("sac", 300_000).tolist() == [150_000.0]  # keelrl's step 150k is 300k simulator steps
+    assert found[0].seeds_at("sac", 300_000).tolist() == [300_000.0]
+    # DMC tasks are normalised on [0, 1000] under both ids, and DMC's hopper-hop never takes Gym Hopper's range
+    assert normalized_score("dm_control/hopper-hop-v0", 250.0) == normalized_score("hopper-hop", 250.0) == 25.0
+    assert normalized_score("dm_control/ball_in_cup-catch-v0", 500.0) == 50.0
     assert score_range("Hopper-v4").task == "hopper"
 
 
@@ -80,14 +85,15 @@ def fake_results():
     results = [run("sac", "Hopper-v4", seed, {s: 5000.0 + seed for s in steps}) for seed in (1, 2, 3)]
     results += [run("td3", "Hopper-v4", seed, {s: 1000.0 + seed for s in steps}) for seed in (1, 2, 3)]
     results += [run("sac", "Hopper-v4", 4, {s: -1e6 for s in range(10_000, 100_001, 10_000)}, status="unfinished")]
-    results += [run("sac", "dm_control/cheetah-run-v0", seed, {s: 300.0 + seed for s in steps}) for seed in (1, 2)]
+    results += [run("sac", "cheetah-run", seed, {s: 300.0 + seed for s in range(10_000, 150_001, 10_000)},
+                    budget=150_000) for seed in (1, 2)]
     results += [run("sac", "Hopper-v5", 1, {s: 100.0 for s in steps})]
     return results
 
 
 def test_the_page_sets_keelrl_beside_the_anchors_with_verdicts_for_sac_only(tmp_path):
     lines, tasks = anchors.section("page", fake_results(), reps=2_000)
-    assert [t.task for t in tasks] == ["Hopper-v4", "dm_control/cheetah-run-v0"]
+    assert [t.task for t in tasks] == ["Hopper-v4", "cheetah-run"]
     assert tasks[0].steps == [100_000, 200_000, 300_000]
     text = "\n".join(lines)
     published = np.asarray(anchor_rows("SAC", "Hopper-v4", 300_000))
@@ -96,7 +102,7 @@ def test_the_page_sets_keelrl_beside_the_anchors_with_verdicts_for_sac_only(tmp_
     assert f"| 300k | sac | SAC | {5002.0 - published.mean():+.1f} |" in text and "| **above** |" in text
     assert "| td3 |" not in text  # TD3 has no published curve: no verdict
     assert "- keelrl sac against published SAC at 300k: above on 1 (Hopper-v4); no verdict on " \
-           "dm_control/cheetah-run-v0" in text
+           "cheetah-run" in text
     cheetah = np.asarray(anchor_rows("SAC", "cheetah-run", 300_000))
     assert ", ".join(f"{v:.0f}" for v in cheetah) + f" (per seed, {cheetah.size})" in text
     assert "Hopper-v5" not in text
@@ -118,10 +124,10 @@ def test_the_report_draws_each_task_writes_the_verdicts_and_names_precision_and_
     for r in results:
         r.machine = "AMD EPYC (avx512_bf16); mujoco 3.17.0; keelrl abc1234"
     paths = {p.name for p in write_report(tmp_path, "page", results, ["Command: test"], reps=200)}
-    assert {"page_anchors.csv", "page_anchors_Hopper-v4.png", "page_anchors_dm_control_cheetah-run-v0.png"} <= paths
+    assert {"page_anchors.csv", "page_anchors_Hopper-v4.png", "page_anchors_cheetah-run.png"} <= paths
     with (tmp_path / "page_anchors.csv").open() as f:
         verdicts = list(csv.DictReader(f))
-    assert {(v["entry"], v["task"]) for v in verdicts} == {("sac", "Hopper-v4"), ("sac", "dm_control/cheetah-run-v0")}
+    assert {(v["entry"], v["task"]) for v in verdicts} == {("sac", "Hopper-v4"), ("sac", "cheetah-run")}
     page = (tmp_path / "page.md").read_text()
     assert "- Precision: sac bf16, td3 bf16" in page
     assert "- Runs made on AMD EPYC (avx512_bf16); mujoco 3.17.0; keelrl abc1234: sac Hopper-v4, td3 Hopper-v4" in page

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Prepare the GPU run on a machine with registry access, from the repository's root (see README.md here):
 #   MINARI_DATASETS_PATH=DATA bash benchmarks/gpu/prepare.sh CLEANRL LEANRL [SHARED_GPU]
-# (without DATA holding keelrl/hopper-medium-v0 it says so and prepares what the online cells and speed need)
+# (without DATA holding keelrl/hopper-medium-v0 it says so and prepares what the online cells and speed need;
+# DMC=1 adds the DeepMind Control suite's wheels, see below)
 # CLEANRL and LEANRL: checkouts (or bare git directories) of github.com/vwxyzjn/cleanrl and
 # github.com/pytorch-labs/LeanRL; SHARED_GPU: the project's gpu folder (default ../shared/gpu).
 # It fills two git-ignored folders that travel with the tree (name both in `carry`, 64 MiB in all):
@@ -9,9 +10,9 @@
 #          keelrl/hopper-medium-v0 dataset of the offline cells), ref/ (the reference scripts:
 #          cleanrl/{sac,td3}_continuous_action.py with the cleanrl_utils replay buffer they import, and
 #          leanrl/{sac,td3}_continuous_action_torchcompile.py; one line of LeanRL's SAC adapted, see below)
-#   .whl/  the Python 3.12 wheels the GPU machine lacks: the shared list, plus what LeanRL imports (torchrl and
-#          tensordict of torch 2.11's generation; wandb is not needed: benchmarks/gpu/reference.py stands in), and
-#          pytest for the CUDA-graph tests
+#   .whl/  the Python 3.12 wheels the GPU machine lacks: the shared list with keelrl's mujoco (3.17.0) for its 4.0.0,
+#          plus what LeanRL imports (torchrl and tensordict of torch 2.11's generation; wandb is not needed:
+#          benchmarks/gpu/reference.py stands in), pytest for the CUDA-graph tests, and with DMC=1 dm-control
 set -euo pipefail
 cleanrl=${1:?give a CleanRL checkout} leanrl=${2:?give a LeanRL checkout} shared=${3:-../shared/gpu}
 dataset=keelrl/hopper-medium-v0
@@ -39,9 +40,37 @@ grep -q -- '--no-cache-dir --upgrade --target /tmp/site \. ' .gpu/prefix.sh \
 # the wheels: torchrl 0.12 is the release of torch 2.11's generation and asks for tensordict 0.12 (keelrl needs
 # neither), so the shared list's newer tensordict goes
 # pytest and its requirements: tests/test_cuda_graphs.py runs there first (it skips on a machine without CUDA)
+# mujoco: one version for every task, the one setup.py pins (dm-control 1.0.50 fails on mujoco 4); the shared list's
+# 4.0.0 comes as three wheels (mujoco, mujoco-core, mujoco-studio), 3.17.0 as one, and the three go
+# DMC=1: the DeepMind Control suite (keelrl.envs.dmc) and what `from dm_control import suite` imports that the GPU
+# machine lacks (dm-env, lxml, scipy: quadruped's terrain; absl-py comes with its tensorboard). Measured for Python
+# 3.12: mujoco 3.17.0 26.7 MB, dm-control 56.5 MB (16.9 MB without dm_control/locomotion, which the suite never
+# imports: cut below), scipy 35.3 MB, lxml 5.2 MB, the rest of the wheels about 9 MB: about 93 MB in all, over the
+# 64 MiB a command carries, unless the GPU machine has scipy and lxml (not known: `python3 -c "import scipy, lxml"`
+# there tells; if so, leave them out here and it is about 52 MB)
+dmc_wheels=""
+if [ "${DMC:-}" = 1 ]; then dmc_wheels="dm-control==1.0.50 dm-env==1.6 lxml==6.1.3 scipy==1.17.1"; fi
+# $dmc_wheels unquoted: several arguments, or none
 bash .gpu/fetch-wheels.sh torchrl==0.12.0 tensordict==0.12.4 orjson importlib_metadata zipp \
-  pytest==9.2.0 pluggy iniconfig packaging pygments
+  pytest==9.2.0 pluggy iniconfig packaging pygments mujoco==3.17.0 $dmc_wheels
 find .whl -name 'tensordict-*.whl' ! -name 'tensordict-0.12.4-*' -delete
+find .whl \( -name 'mujoco-*.whl' ! -name 'mujoco-3.17.0-*' -o -name 'mujoco_core-*.whl' -o -name 'mujoco_studio-*.whl' \) \
+  -delete
+if [ -n "$dmc_wheels" ]; then
+  python3 - .whl/dm_control-1.0.50-py3-none-any.whl <<'CUT'
+import os, sys, zipfile
+path = sys.argv[1]  # rewritten without dm_control/locomotion/, the RECORD's lines of it included
+with zipfile.ZipFile(path) as wheel, zipfile.ZipFile(path + ".cut", "w", zipfile.ZIP_DEFLATED) as cut:
+    for item in wheel.infolist():
+        if not item.filename.startswith("dm_control/locomotion/"):
+            data = wheel.read(item)
+            if item.filename.endswith(".dist-info/RECORD"):
+                data = b"".join(line for line in data.splitlines(keepends=True)
+                                if not line.startswith(b"dm_control/locomotion/"))
+            cut.writestr(item, data)
+os.replace(path + ".cut", path)
+CUT
+fi
 
 # one reference script: from a checkout's work tree, else from its HEAD (a bare mirror)
 copy() {
