@@ -2,8 +2,8 @@
 
 from setuptools import setup
 
-SUBPACKAGES = ["agents", "agents.harness", "envs", "buffers", "networks", "evaluate", "benchmarks", "benchmarks.perf",
-               "benchmarks.checks", "benchmarks.gpu"]
+SUBPACKAGES = ["agents", "agents.harness", "envs", "buffers", "networks", "evaluate", "benchmarks",
+               "benchmarks.leaderboard", "benchmarks.perf", "benchmarks.checks", "benchmarks.gpu"]
 
 setup(
     name="keelrl",

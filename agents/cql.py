@@ -70,6 +70,7 @@ from keelrl.networks import (
     matmul_precision,
     mlp,
     optimizer_step,
+    orthogonal_init_,
     random_members,
     soft_update,
     to_device,
@@ -237,17 +238,6 @@ class CQLActor(nn.Module):
         return self.sample(obs)[0]
 
 
-def orthogonal_init_(critic: CriticEnsemble) -> None:
-    """Each member's layers orthogonal with gain √2 (0.01 for the output layer), biases zero."""
-    layers = critic.net.layers
-    with torch.no_grad():
-        for i, layer in enumerate(layers):
-            gain = 1e-2 if i == len(layers) - 1 else np.sqrt(2)
-            for weight in layer.weight:  # (in, out) per member
-                nn.init.orthogonal_(weight, gain=gain)
-            layer.bias.zero_()
-
-
 def cql_networks(obs_dim: int, action_low: np.ndarray, action_high: np.ndarray, config: CQLConfig | Any,
                  orthogonal: bool) -> tuple[nn.Module, CQLActor, CriticEnsemble, CriticEnsemble]:
     """The observation normaliser ((obs − mean) / (std + 1e-3) with the dataset's statistics, as CORL; identity
@@ -258,7 +248,7 @@ def cql_networks(obs_dim: int, action_low: np.ndarray, action_high: np.ndarray, 
     actor = CQLActor(obs_dim, action_low, action_high, hidden, layer_norm=config.layer_norm)
     critic = CriticEnsemble(obs_dim, action_dim, hidden, config.num_critics, layer_norm=config.layer_norm)  # (E, B, 1)
     if orthogonal:
-        orthogonal_init_(critic)
+        orthogonal_init_(critic, last_gain=1e-2)  # every member's layers: gain √2, the output layer's 0.01
     critic_target = CriticEnsemble(obs_dim, action_dim, hidden, config.num_critics,
                                    layer_norm=config.layer_norm).requires_grad_(False)
     critic_target.load_state_dict(critic.state_dict())

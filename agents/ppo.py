@@ -385,14 +385,23 @@ class PPO(SavedSpaceAgent):
 
     def update(self, rollout: RolloutBuffer | SeedRollouts,
                next_values: dict[str, np.ndarray]) -> dict[str, torch.Tensor | float]:
-        """`update_epochs` passes over the rollout in `num_minibatches` shuffled minibatches, one clipped-gradient
-        Adam step each (the gradient norm of policy and value clipped together, as CleanRL's, per seed), the
-        learning rate annealed linearly to 0 over the run; passes stop once the approximate KL of a pass's last
-        minibatch exceeds `target_kl`. A seed group's figures are per seed, (S,)."""
+        """One update on a rollout: its batch (GAE advantages, value targets) and PPO's `passes` over it with PPO's
+        loss. A seed group's figures are per seed, (S,)."""
+        return self.passes(self.batch(rollout, next_values), self._loss)
+
+    def passes(self, batch: dict[str, torch.Tensor],
+               loss: Callable[[dict[str, torch.Tensor]], tuple[torch.Tensor, dict[str, Any]]]
+               ) -> dict[str, torch.Tensor | float]:
+        """`update_epochs` passes over `batch` in `num_minibatches` shuffled minibatches, one clipped-gradient Adam
+        step of `loss` (a minibatch -> the loss and its figures, among them clipfrac and approx_kl) each: the
+        gradient norm clipped per parameter group (PPO's one group: policy and value together, as CleanRL's; a
+        variant's added groups apart), per seed; the learning rate annealed linearly to 0 over the run; passes stop
+        once the approximate KL of a pass's last minibatch exceeds `target_kl`. Returns the last minibatch's figures,
+        the mean clip fraction, the value's explained variance and the learning rate, to log (a seed group's per
+        seed, (S,))."""
         config, optimizer = self.config, self.optimizers["ppo"]
         if config.anneal_lr:
             scale_learning_rates([optimizer], 1.0 - self.num_updates / self.total_updates)
-        batch = self.batch(rollout, next_values)
         sample_axis = batch["advantages"].dim() - 1  # 0; a seed group's 1, behind the seed axis
         size = batch["advantages"].shape[sample_axis]
         clipfracs = []
@@ -401,12 +410,12 @@ class PPO(SavedSpaceAgent):
             order = torch.as_tensor(self.rng.permutation(size), device=self.device)  # (T·N,); a group's (S, T·N)
             shuffled = {name: seed_rows(value, order) for name, value in batch.items()}  # one gather per field, pass
             for start in range(0, size, minibatch_size):
-                loss, stats = self._loss({name: value.narrow(sample_axis, start, minibatch_size)
-                                          for name, value in shuffled.items()})
+                minibatch_loss, stats = loss({name: value.narrow(sample_axis, start, minibatch_size)
+                                              for name, value in shuffled.items()})
                 optimizer.zero_grad(set_to_none=True)
-                loss.sum().backward()  # a seed group's losses (S,): each seed's steps only its own weights
-                clip_gradient_norm(optimizer.param_groups[0]["params"], config.max_grad_norm,
-                                   seed_axis=self.num_seeds > 1)
+                minibatch_loss.sum().backward()  # a seed group's losses (S,): each seed's steps only its own weights
+                for group in optimizer.param_groups:
+                    clip_gradient_norm(group["params"], config.max_grad_norm, seed_axis=self.num_seeds > 1)
                 optimizer.step()
                 clipfracs.append(stats["clipfrac"])
             if config.target_kl is not None and stats["approx_kl"] > config.target_kl:

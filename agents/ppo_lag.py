@@ -5,8 +5,9 @@ Run:     python -m keelrl.agents.ppo_lag --env-id keelrl/SafeHopperVelocity-v1 -
 Import:  from keelrl.agents.ppo_lag import PPOLag, PPOLagConfig, train, evaluate
 
 The algorithm, top to bottom (what differs from agents/ppo.py is all in this file):
-- PPO's policy, value network, normalisers, rollouts and clipped updates (CleanRL's, agents/ppo.py; the update
-  written out here, `PPOLag.update`, with its Lagrangian loss, `PPOLag.loss`);
+- PPO's policy, value network, normalisers, rollouts and clipped updates (CleanRL's, agents/ppo.py): `PPOLag.update`
+  runs PPO's minibatch passes (`PPO.passes`) on this file's batch (`PPOLag.batch`) and Lagrangian loss
+  (`PPOLag.loss`);
 - a cost value network V_c (the value network's architecture) and the rollout's costs; cost advantages by GAE
   with PPO's γ and λ (OmniSafe's cost_gamma 0.99 and lam_c 0.95: configs/on-policy/PPOLag.yaml:62-66), centred
   on the rollout's mean but not scaled (omnisafe/common/buffer/onpolicy_buffer.py:232-236, standardized_cost_adv);
@@ -50,7 +51,6 @@ from keelrl.agents.ppo import (
     check_action_space,
     check_observation_space,
     evaluate,
-    explained_variance,
     go_on_with_the_rollout,
     resolve,
     rollout_state,
@@ -60,8 +60,7 @@ from keelrl.buffers.rollout import RolloutBuffer, SeedRollouts, as_flat_tensors,
 from keelrl.envs import make_vec_env
 from keelrl.envs.safety import require_cost_task
 from keelrl.envs.video import gym_video
-from keelrl.networks import clip_gradient_norm, mlp, orthogonal_init_, scale_learning_rates
-from keelrl.networks.seeds import seed_rows
+from keelrl.networks import mlp, orthogonal_init_
 
 ALGO = "ppo_lag"
 __all__ = ["PPOLag", "PPOLagConfig", "train", "evaluate"]
@@ -141,36 +140,11 @@ class PPOLag(PPO):
 
     def update(self, rollout: RolloutBuffer | SeedRollouts,
                next_values: dict[str, np.ndarray]) -> dict[str, torch.Tensor | float]:
-        """PPO's passes (agents/ppo.py), each Adam step after clipping the gradient norm of policy and value, and
-        of V_c apart (each per seed); λ is logged with the losses. A seed group's figures are per seed, (S,)."""
-        config, optimizer = self.config, self.optimizers["ppo"]
-        if config.anneal_lr:
-            scale_learning_rates([optimizer], 1.0 - self.num_updates / self.total_updates)
-        batch = self.batch(rollout, next_values)
-        sample_axis = batch["advantages"].dim() - 1  # 0; a seed group's 1, behind the seed axis
-        size = batch["advantages"].shape[sample_axis]
-        clipfracs = []
-        minibatch_size = size // config.num_minibatches
-        for _ in range(config.update_epochs):
-            order = torch.as_tensor(self.rng.permutation(size), device=self.device)  # (T·N,); a group's (S, T·N)
-            shuffled = {name: seed_rows(value, order) for name, value in batch.items()}  # one gather per field, pass
-            for start in range(0, size, minibatch_size):
-                loss, stats = self._loss({name: value.narrow(sample_axis, start, minibatch_size)
-                                          for name, value in shuffled.items()})
-                optimizer.zero_grad(set_to_none=True)
-                loss.sum().backward()  # a seed group's losses (S,): each seed's steps only its own weights
-                for group in optimizer.param_groups:  # policy and value together; V_c apart
-                    clip_gradient_norm(group["params"], config.max_grad_norm, seed_axis=self.num_seeds > 1)
-                optimizer.step()
-                clipfracs.append(stats["clipfrac"])
-            if config.target_kl is not None and stats["approx_kl"] > config.target_kl:
-                break
-        self.num_updates += 1
-        return {**{f"losses/{name}": value.detach() for name, value in stats.items() if name != "clipfrac"},
-                "losses/clipfrac": torch.stack(clipfracs).mean(0),
-                "losses/explained_variance": explained_variance(batch["values"], batch["returns"]),
-                "charts/learning_rate": optimizer.param_groups[0]["lr"],
-                "losses/lagrange_multiplier": self.lagrange_multiplier.clone()}
+        """PPO's passes (`PPO.passes`) over this file's batch with its Lagrangian loss: V_c's parameter group (added
+        in __init__) has its gradient norm clipped apart from the policy's and value's (each per seed); λ is logged
+        with the losses. A seed group's figures are per seed, (S,)."""
+        figures = self.passes(self.batch(rollout, next_values), self._loss)  # _loss: `loss` above, as PPO wraps it
+        return {**figures, "losses/lagrange_multiplier": self.lagrange_multiplier.clone()}
 
 
 def train(config: PPOLagConfig) -> TrainResult:

@@ -39,6 +39,7 @@ from keelrl.agents.harness.options import (
     validate_run_options,
     warn_without_updates,
 )
+from keelrl.agents.off_policy_options import OffPolicyOptions
 from keelrl.buffers import Batch, ReplayBuffer
 from keelrl.envs import make_vec_env, play_episodes, require_box_actions
 from keelrl.envs.video import gym_video
@@ -75,23 +76,10 @@ __all__ = ["TD3", "TD3Config", "train", "evaluate"]
 
 
 @dataclasses.dataclass
-class TD3Config(NetworkOptions, RunOptions):
-    env_id: str = "Hopper-v5"
-    """gymnasium (or envpool) environment id with a Box action space"""
-    total_timesteps: int = 1_000_000
-    """environment steps to train for"""
-    num_envs: int = 1
-    """parallel environments (`utd` gradient updates per environment step of each, so num_envs × utd per loop step)"""
-    env_backend: Literal["gymnasium", "envpool"] = "gymnasium"
-    """vector environment backend (envpool needs the envpool extra)"""
-    buffer_size: int = 1_000_000
-    """replay buffer capacity (transitions)"""
-    gamma: float = 0.99
-    """discount factor"""
-    tau: float = 0.005
-    """target network Polyak rate"""
-    batch_size: int = 256
-    """transitions per gradient update"""
+class TD3Config(OffPolicyOptions, NetworkOptions, RunOptions):
+    # the environments, replay buffer, γ, τ, batch size, n-step returns, UTD, observation and reward scaling, the
+    # learning-rate schedule, preset, device, precision and seeds: OffPolicyOptions (agents/off_policy_options.py),
+    # as SAC's; the run options: RunOptions; the networks: NetworkOptions
     learning_starts: int = 25_000
     """environment steps of uniform random actions before learning starts"""
     learning_rate: float = 3e-4
@@ -104,41 +92,10 @@ class TD3Config(NetworkOptions, RunOptions):
     """the smoothing noise is clipped to ±noise_clip (action-scale units)"""
     exploration_noise: float = 0.1
     """std of the exploration noise, in units of the action scale"""
-    n_step: int = 1
-    """n-step returns from the replay buffer"""
-    utd: int = 1
-    """gradient updates per environment step (update-to-data ratio)"""
-    scale_rewards: bool = False
-    """divide rewards by SimbaV2's running scale of the discounted return, so returns stay within ±G: the
-    categorical support's edge nearer 0 (5 for a scalar critic)"""
-    normalize_obs: bool = False
-    """normalise observations by running mean/std, (obs − mean) / sqrt(var + 1e-8), updated on the observations
-    acted on (saved with the model)"""
-    obs_clip: float | None = 10.0
-    """with --normalize-obs: clip normalised observations to ±obs_clip (None: no clipping, as SimBa and SimbaV2)"""
     optimizer: Literal["adam", "adamw"] = "adam"
     """optimiser of actor and critics"""
     weight_decay: float = 0.0
     """decoupled weight decay of actor and critics (--optimizer adamw)"""
-    final_lr_fraction: float = 1.0
-    """learning rates decay linearly over the run to this fraction of their start (1: constant)"""
-    preset: Literal["simba", "simbav2"] | None = None
-    """the SimBa or SimbaV2 paper's settings in one flag; an explicit option that contradicts it is refused"""
-    device: str = "cpu"
-    """torch device for networks and replay buffer"""
-    precision: Literal["fp32", "tf32", "bf16"] = "fp32"
-    """'fp32'; 'tf32': during a run, CUDA multiplies float32 matrices on TensorFloat-32 tensor cores (Ampere on; JAX's
-    default there); 'bf16': matrix products in bfloat16 under autocast (fast only where the CPU or GPU has native
-    bf16). Weights, optimiser state, losses, TD targets, log-probabilities and target updates stay float32"""
-    compile: bool = False
-    """compile the loss computations with torch.compile (a C++ compiler is needed on CPU)"""
-    cudagraphs: bool = False
-    """with --device cuda: record each whole update (losses compiled as with --compile, backward passes, optimiser
-    steps, target update; the Lagrangian agents' cost critic step too) once as a CUDA graph and replay it
-    (networks/cuda_graphs.py)"""
-    num_seeds: int = 1
-    """train seeds seed, seed+1, …, seed+num_seeds−1 in this one process as one batched network, each in a run
-    directory of its own as a run of that seed alone (--runs-dir may hold {seed}: each seed's is filled in)"""
 
 
 # The SimBa and SimbaV2 papers' networks, critics, optimisers and MuJoCo run settings on TD3's update rule (the

@@ -1,7 +1,7 @@
 """keelrl.benchmarks, in four parts:
 
-- the leaderboard product, here at the top: leaderboard.py runs agent × task × seed grids (presets in grids/),
-  aggregate.py, report.py and reference_scores.py turn runs into tables beside published figures, and
+- the leaderboard product, here at the top: leaderboard/ runs agent × task × seed grids (presets in grids/),
+  aggregate.py, report.py, provenance.py and reference_scores.py turn runs into tables beside published figures, and
   make_datasets.py makes the offline datasets the offline grids train on;
 - perf/: speed measurements (update time, steps/s beside CleanRL, buffers, envs, threads, rollouts);
 - checks/: learning checks outside the leaderboard;

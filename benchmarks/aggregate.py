@@ -26,13 +26,16 @@ from pathlib import Path
 
 import numpy as np
 
+from keelrl.agents.harness.run_directory import CONFIG_FILE
 from keelrl.benchmarks.reference_scores import normalized_score, score_source
 
 LAST_EPISODES = 10
 NORMALIZED_COLUMNS = ("normalized_score", "normalised_score")
 OFFLINE_SCORE_TAG = "eval/normalized_score"
-CONFIG_FILE = "config.json"
-"""a run directory's record of its algorithm and config (keelrl.agents.harness.run_directory writes it)"""
+EVAL_FILE = "eval.csv"
+"""a run directory's row per evaluation (keelrl.agents.harness.logs writes it)"""
+EPISODES_FILE = "episodes.csv"
+"""a run directory's row per training episode (keelrl.agents.harness.logs writes it)"""
 DATASET_FILE = "dataset.json"
 """a run directory's record of the offline dataset it learned from, with its reference returns"""
 CLEAN = "clean"
@@ -140,8 +143,8 @@ def read_run_figures(result: RunResult, run_dir: Path, references: DatasetRefere
     An offline-to-online run is scored with the reference returns of its dataset (its dataset.json), or, for a run
     from scratch, with `references` (the grid's pre-training dataset in its environment); without either it has no
     normalised score."""
-    evals = read_csv_rows(run_dir / "eval.csv")
-    episodes = read_csv_rows(run_dir / "episodes.csv")
+    evals = read_csv_rows(run_dir / EVAL_FILE)
+    episodes = read_csv_rows(run_dir / EPISODES_FILE)
     result.run_dir = str(run_dir)
     result.data = data_condition(run_dir / CONFIG_FILE)
     result.curve = [(int(row["global_step"]), float(row["mean_return"])) for row in evals]

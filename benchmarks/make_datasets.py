@@ -50,12 +50,13 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from keelrl.agents.harness.checkpoints import CHECKPOINT_FILE, one_line, read_checkpoint
+from keelrl.agents.harness.checkpoints import BUFFER_FILE, CHECKPOINT_FILE, MODEL_FILE, one_line, read_checkpoint
 from keelrl.agents.harness.logs import progress_bar
 from keelrl.agents.harness.options import parse_command_line
 from keelrl.agents.sac import SAC, SACConfig
 from keelrl.agents.sac import train as train_sac
 from keelrl.agents.harness.stopping import RunStopped
+from keelrl.benchmarks.aggregate import EVAL_FILE
 from keelrl.buffers.offline import (
     D4RL_REF_SCORES,
     data_root,
@@ -237,8 +238,8 @@ class DatasetMaker:
                 env_id=self.config.env_id, seed=self.config.seed, total_timesteps=total_steps,
                 learning_starts=self.config.learning_starts, eval_freq=0, checkpoint_freq=self.config.eval_every,
                 runs_dir=str(self.work / "sac"), quiet=self.config.quiet))
-        elif self._sac_step() >= total_steps and (run_dir / "model.pt").is_file():  # there already: its last
-            with (run_dir / "eval.csv").open() as f:                                 # evaluation stands
+        elif self._sac_step() >= total_steps and (run_dir / MODEL_FILE).is_file():  # there already: its last
+            with (run_dir / EVAL_FILE).open() as f:                                  # evaluation stands
                 return run_dir, float(list(csv.DictReader(f))[-1]["mean_return"])
         else:
             result = train_sac(SACConfig(resume=str(run_dir), extend_to=total_steps, quiet=self.config.quiet))
@@ -262,8 +263,8 @@ class DatasetMaker:
             goal = "--quick: medium is SAC at --sac-steps" if self.config.quick else f"medium at {self.medium_return:.1f}"
             self.log(f"SAC step {step}: evaluation return {eval_return:.1f} ({goal})")
             if eval_return >= self.medium_return or step >= self.config.sac_steps:
-                shutil.copy(run_dir / "buffer.pt", buffer)
-                shutil.copy(run_dir / "model.pt", model)
+                shutil.copy(run_dir / BUFFER_FILE, buffer)
+                shutil.copy(run_dir / MODEL_FILE, model)
                 self._write_provenance("medium", step, eval_return)
         return model, buffer
 
@@ -298,7 +299,7 @@ class DatasetMaker:
             self.medium_files()  # the expert continues the medium run
             run_dir, eval_return = self._train_sac_to(self.config.sac_steps)
             self.log(f"SAC step {self.config.sac_steps}: expert evaluation return {eval_return:.1f}")
-            shutil.copy(run_dir / "model.pt", model)
+            shutil.copy(run_dir / MODEL_FILE, model)
             self._write_provenance("expert", self.config.sac_steps, eval_return)
         return model
 

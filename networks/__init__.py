@@ -5,10 +5,9 @@ from keelrl.networks.critics import CriticEnsemble, random_members
 from keelrl.networks.builders import NetworkOptions, build_actor, build_critic, build_head, validate_network_options
 from keelrl.networks.heads import C51Head, CategoricalHead, HLGaussHead, ScalarHead, ValueHead, td_target
 from keelrl.networks.mlp import EnsembleLinear, EnsembleMLP, NumpyMLP, mlp, orthogonal_init_
-from keelrl.networks.normalization import RunningObsNorm
+from keelrl.networks.normalization import RewardScaler, RunningObsNorm
 from keelrl.networks.simba import SimbaActor, SimbaCritic, SimbaDeterministicActor, SimbaEncoder
 from keelrl.networks.simbav2 import (
-    RewardScaler,
     SimbaV2Actor,
     SimbaV2Critic,
     SimbaV2DeterministicActor,

@@ -13,8 +13,9 @@ from torch import nn
 from keelrl.networks.actors import DeterministicActor, TanhGaussianActor
 from keelrl.networks.critics import CriticEnsemble
 from keelrl.networks.heads import C51Head, CategoricalHead, HLGaussHead, ScalarHead, ValueHead
+from keelrl.networks.normalization import RewardScaler
 from keelrl.networks.simba import SimbaActor, SimbaCritic, SimbaDeterministicActor
-from keelrl.networks.simbav2 import RewardScaler, SimbaV2Actor, SimbaV2Critic, SimbaV2DeterministicActor
+from keelrl.networks.simbav2 import SimbaV2Actor, SimbaV2Critic, SimbaV2DeterministicActor
 
 
 @dataclasses.dataclass

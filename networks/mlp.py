@@ -42,14 +42,6 @@ def mlp(
     return nn.Sequential(*layers)
 
 
-def orthogonal_init_(net: nn.Sequential, last_gain: float, gain: float = 2**0.5) -> nn.Sequential:
-    """CleanRL's `layer_init` on every Linear of `net`: orthogonal weights with `gain` (the last layer's with
-    `last_gain`), zero biases."""
-    linears = [layer for layer in net if isinstance(layer, nn.Linear)]
-    for layer in linears:
-        nn.init.orthogonal_(layer.weight, last_gain if layer is linears[-1] else gain)
-        nn.init.zeros_(layer.bias)
-    return net
 
 
 class NumpyMLP:
@@ -116,8 +108,22 @@ class EnsembleLinear(nn.Module):
         return f"num_members={members}, in_features={fan_in}, out_features={fan_out}"
 
 
+def orthogonal_init_(net: nn.Module, last_gain: float, gain: float = 2**0.5) -> nn.Module:
+    """CleanRL's `layer_init` on every Linear and EnsembleLinear of `net`, in registration order: orthogonal weights
+    with `gain` (the last layer's with `last_gain`), zero biases; an EnsembleLinear's members one by one, each on its
+    stored (in, out) weight."""
+    linears = [layer for layer in net.modules() if isinstance(layer, (nn.Linear, EnsembleLinear))]
+    for layer in linears:
+        layer_gain = last_gain if layer is linears[-1] else gain
+        for weight in (layer.weight if isinstance(layer, EnsembleLinear) else [layer.weight]):
+            nn.init.orthogonal_(weight, layer_gain)
+        nn.init.zeros_(layer.bias)
+    return net
+
+
 class EnsembleLayerNorm(nn.Module):
-    """LayerNorm over the last dimension with each member's own scale and bias (init 1 and 0), as `nn.LayerNorm`."""
+    """LayerNorm over the last dimension with each member's own scale and bias (init 1 and 0), as `nn.LayerNorm`:
+    (E', B, features) -> (E', B, features)."""
 
     def __init__(self, num_members: int, features: int, eps: float = 1e-5):
         super().__init__()
@@ -129,6 +135,10 @@ class EnsembleLayerNorm(nn.Module):
         """(E', B, features) -> (E', B, features)."""
         normalised = F.layer_norm(x, x.shape[-1:], eps=self.eps)
         return torch.addcmul(self.bias[members], normalised, self.weight[members])
+
+    def extra_repr(self) -> str:
+        members, _, features = self.weight.shape
+        return f"num_members={members}, features={features}, eps={self.eps}"
 
 
 class EnsembleMLP(nn.Module):

@@ -1,7 +1,9 @@
-"""Running observation normalisation inside the model, so it travels with `state_dict()`."""
+"""Running normalisation inside the model, so it travels with `state_dict()`: observations (`RunningObsNorm`) and
+rewards (`RewardScaler`, SimbaV2's reward scaling, which PPO's --normalize-reward uses too)."""
 
 from __future__ import annotations
 
+import math
 from typing import Literal
 
 import numpy as np
@@ -122,3 +124,78 @@ class RunningObsNorm(nn.Module):
 
     def extra_repr(self) -> str:
         return f"shape={tuple(self.mean.shape)}, clip={self.clip}, eps={self.eps}, eps_on={self.eps_on!r}"
+
+
+class RewardScaler(nn.Module):
+    """SimbaV2's reward scaling: r / max(std(G), max|G| / v_max), G a running discounted return per env.
+
+    Dividing by the std of the discounted-return trace G_t = r_t + γ G_{t−1} (reset between
+    episodes) puts returns on a unit scale; the second term guarantees that scaled returns stay
+    within ±v_max, the edge of the categorical critic's support (5 in SimbaV2).
+
+    `update(rewards, dones)` folds one vector-env step into the trace and its statistics; call it
+    while collecting training data only. Calling the module scales a batch of rewards. The trace
+    is reset after the step that ends an episode (terminated or truncated), so G is always the
+    return of the current episode so far. The SimbaV2 code resets it on the same episode ends one step
+    earlier; gymnasium's `NormalizeReward` (CleanRL's PPO) one step earlier too, and on terminations only, so
+    its trace runs on across time limits. The state (trace, statistics, maximum) is tensors only and travels with
+    `state_dict()`. Stacked for a seed group (keelrl.networks.seeds), every state tensor has a leading seed axis and
+    each seed keeps its own trace, statistics and maximum.
+    """
+
+    def __init__(self, gamma: float, num_envs: int, v_max: float = 5.0, eps: float = 1e-8):
+        super().__init__()
+        if not 0.0 <= gamma <= 1.0:
+            raise ValueError(f"--gamma must be in [0, 1], got {gamma}.")
+        if num_envs < 1:
+            raise ValueError(f"--num-envs must be positive, got {num_envs}.")
+        if not v_max > 0:
+            raise ValueError(f"--v-max must be positive for reward scaling, got {v_max}.")
+        self.gamma = gamma
+        self.v_max = v_max
+        self.eps = eps
+        self.register_buffer("returns", torch.zeros(num_envs, dtype=torch.float64))
+        self.register_buffer("max_abs_return", torch.zeros((), dtype=torch.float64))
+        self.return_stats = RunningObsNorm(())  # mean/var of every G seen, merged batch by batch
+
+    @torch.no_grad()
+    def update(self, rewards: np.ndarray | torch.Tensor, dones: np.ndarray | torch.Tensor) -> None:
+        """Fold one step of rewards (num_envs,) and episode ends (num_envs,) into the statistics (a seed group's
+        (S, num_envs): each seed's into its own)."""
+        if self.returns.device.type == "cpu":  # numpy on the buffers' memory: the same arithmetic, far fewer ops
+            returns, max_abs_return = self.returns.numpy(), self.max_abs_return.numpy()
+            returns *= self.gamma
+            returns += np.asarray(rewards.cpu() if isinstance(rewards, torch.Tensor) else rewards, np.float64)
+            self.return_stats.update(returns)
+            np.maximum(max_abs_return, np.abs(returns).max(-1), out=max_abs_return)
+            returns[np.asarray(dones.cpu() if isinstance(dones, torch.Tensor) else dones, bool)] = 0.0
+            return
+        # on a GPU: through pinned memory, without waiting for it (keelrl.networks.transfers)
+        rewards = to_device(rewards, self.returns.device, torch.float64)
+        dones = to_device(dones, self.returns.device, torch.bool)
+        self.returns.mul_(self.gamma).add_(rewards)
+        self.return_stats.update(self.returns)
+        torch.maximum(self.max_abs_return, self.returns.abs().amax(-1), out=self.max_abs_return)
+        self.returns.masked_fill_(dones, 0.0)
+
+    def reset_returns(self) -> None:
+        """Start every env's return trace afresh (new episodes begin without an episode end, as on resume)."""
+        self.returns.zero_()
+
+    def denominator(self) -> torch.Tensor:
+        """max(std of G, max |G| / v_max) as a float64 scalar (a seed group's: (S,)); about 1 before any update."""
+        std = torch.sqrt(self.return_stats.var + self.eps)
+        return torch.maximum(std, self.max_abs_return / self.v_max)
+
+    def scale(self, rewards: np.ndarray) -> np.ndarray:
+        """`forward` for a numpy batch of rewards (B,), the denominator in Python floats: for acting loops on the
+        CPU (a seed group's (S, B), each seed's by its own denominator, in the rewards' dtype)."""
+        if self.max_abs_return.dim() > 0:
+            return rewards / self.denominator().numpy(force=True).astype(rewards.dtype)[:, None]
+        std = math.sqrt(self.return_stats.var.item() + self.eps)
+        return rewards / max(std, self.max_abs_return.item() / self.v_max)
+
+    def forward(self, rewards: torch.Tensor) -> torch.Tensor:
+        """Scaled rewards (B,) (a seed group's (S, B), each seed's by its own denominator)."""
+        denominator = self.denominator().to(rewards.dtype)
+        return rewards / denominator.reshape(denominator.shape + (1,) * (rewards.dim() - denominator.dim()))

@@ -25,11 +25,10 @@ from functools import partial
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from keelrl.networks.actors import DeterministicActor, TanhGaussianActor
-from keelrl.networks.mlp import EnsembleLinear
+from keelrl.networks.mlp import EnsembleLayerNorm, EnsembleLinear
 
 InitFn = Callable[[torch.Tensor], torch.Tensor]
 he_normal_: InitFn = partial(nn.init.kaiming_normal_, nonlinearity="relu")
@@ -57,23 +56,6 @@ def linear(in_features: int, out_features: int, num_members: int | None, init: I
                 init(member_weight.T)
     nn.init.zeros_(layer.bias)
     return layer
-
-
-class EnsembleLayerNorm(nn.Module):
-    """LayerNorm over the last dim with separate affine parameters per member: (E, B, d) -> (E, B, d)."""
-
-    def __init__(self, num_members: int, dim: int, eps: float = 1e-5):
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(num_members, 1, dim))
-        self.bias = nn.Parameter(torch.zeros(num_members, 1, dim))
-        self.eps = eps
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.addcmul(self.bias, F.layer_norm(x, x.shape[-1:], eps=self.eps), self.weight)
-
-    def extra_repr(self) -> str:
-        members, _, dim = self.weight.shape
-        return f"num_members={members}, dim={dim}, eps={self.eps}"
 
 
 def layer_norm(dim: int, num_members: int | None) -> nn.Module:

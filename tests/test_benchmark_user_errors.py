@@ -74,7 +74,7 @@ def test_a_known_agent_whose_dependency_is_missing_is_still_unavailable(tmp_path
     def without_transformers(name):
         raise ModuleNotFoundError("No module named 'transformers'", name="transformers")
 
-    monkeypatch.setattr(leaderboard, "agent_module", without_transformers)
+    monkeypatch.setattr(leaderboard.checks, "agent_module", without_transformers)
     grid = leaderboard.grid_from_dict({"family": "rlvr", "seeds": [1], "steps": 2, "task_flag": "task",
                                        "steps_flag": "iterations", "tasks": ["add"], "agents": ["grpo"]}, "rlvr")
     messages = []

@@ -632,7 +632,7 @@ def test_a_stopped_seed_group_resumes_as_one_process_and_a_cell_found_done_is_ne
         (run_dir / "seeds.json").write_text(json.dumps({"runs": [os.path.relpath(d, run_dir) for d in run_dirs]}))
     recorded_attempt(cells, "new", wall_s=60.0, returncode=130, seeds=3)
     calls = []
-    monkeypatch.setattr(leaderboard, "run_agent_process", finishing_agent(calls))
+    monkeypatch.setattr(leaderboard.workers, "run_agent_process", finishing_agent(calls))
     messages = []
     leaderboard.run_grids([grid], tmp_path / "runs", dry_run=True, log=messages.append)
     assert [m for m in messages if m.startswith("resume: ")] == [
@@ -659,7 +659,7 @@ def test_a_stopped_seed_group_resumes_as_one_process_and_a_cell_found_done_is_ne
         return {"returncode": 0, "start_time": time.time(), "wall_s": 5.0, "host": "vm", "usable_cpus": 1}
 
     calls.clear()
-    monkeypatch.setattr(leaderboard, "run_agent_process", finishes_both)
+    monkeypatch.setattr(leaderboard.workers, "run_agent_process", finishes_both)
     messages.clear()
     results = leaderboard.run_grids([grid], tmp_path / "runs", workers=1, log=messages.append)
     assert len(calls) == 1 and [r.status for r in results] == ["done", "done"]
@@ -682,7 +682,7 @@ def test_an_attempt_stopped_by_ctrl_c_is_recorded_and_a_run_with_an_unrecorded_a
         time.sleep(0.2)  # ... and the agent, which checkpoints and stops
         return {"returncode": 128 + signal.SIGINT, "start_time": 7.0, "wall_s": 12.5, "host": "vm", "usable_cpus": 1}
 
-    monkeypatch.setattr(leaderboard, "run_agent_process", stopped_by_ctrl_c)
+    monkeypatch.setattr(leaderboard.workers, "run_agent_process", stopped_by_ctrl_c)
     with pytest.raises(KeyboardInterrupt):
         leaderboard.run_grids([grid], tmp_path / "runs", workers=1, log=lambda _: None)
     (attempt,) = cell.record()["attempts"]
@@ -842,3 +842,69 @@ def test_an_offline_page_states_the_reference_returns_its_scores_use(tmp_path):
     results = leaderboard.run_grids([grid], tmp_path / "runs", dry_run=True, log=lambda _: None)
     assert "logged as eval/normalized_score: keelrl/hopper-medium-v0: low 17.5, high 3234.3)" in page_of(tmp_path,
                                                                                                          results)
+
+
+ONLINE_FULL_ARGS = ["--seed", "{seed}", "--eval-freq", "10000", "--eval-episodes", "10", "--checkpoint-freq", "50000",
+                    "--precision", "bf16", "--env-id", "Hopper-v4", "--total-timesteps", "300000"]
+
+
+def test_cells_laid_out_by_an_earlier_leaderboard_are_still_read_and_resumed(tmp_path):
+    """A seed group as the leaderboard of commit bf10c32 left it under RUNS_DIR while it trained (online-full's SAC
+    on Hopper-v4, seeds 1-3 in one --batch-seeds process, stopped before its end was recorded), written here file by
+    file with the literal names and columns: the package reads its state, figures and provenance as then, and
+    resumes the whole group with one process."""
+    runs = tmp_path / "runs"
+    invocation = ("python -m keelrl.benchmarks.leaderboard --grid online-full --workers 1 --batch-seeds --runs-dir "
+                  "RUNS_DIR --out-dir OUT_DIR --entries sac")
+    machine = "AMD EPYC (avx512_bf16); Python 3.11.7, torch 2.13.0+cpu, gymnasium 1.4.0, mujoco 3.17.0; keelrl bf10c32"
+    seed_dirs = {seed: runs / "online-full" / "sac" / "Hopper-v4" / f"seed{seed}" for seed in (1, 2, 3)}
+    run_dirs = {seed: seed_dirs[seed] / f"Hopper-v4__sac__{seed}__179583685{8 + (seed > 1)}" for seed in (1, 2, 3)}
+    for seed, run_dir in run_dirs.items():
+        run_dir.mkdir(parents=True)
+        args = [arg.format(seed=seed) for arg in ONLINE_FULL_ARGS]
+        (seed_dirs[seed] / "cell.json").write_text(json.dumps({
+            "agent": "sac", "task": "Hopper-v4", "seed": seed, "args": args,
+            "attempts": [{"mode": "new", "start_time": 1795836855.0933726, "leaderboard": invocation,
+                          "seeds_in_process": 3, "returncode": None, "wall_s": None, "machine": machine}]},
+            indent=2))
+        if seed == 1:  # the process's output goes to its first cell's log
+            (seed_dirs[seed] / "log.txt").write_text(
+                "=== 2026-11-28 03:34:15 on vm: new run: python -m keelrl.agents.sac " + " ".join(args)
+                + f" --num-seeds 3 --runs-dir {runs}/online-full/sac/Hopper-v4/seed{{seed}} --quiet\n"
+                "warning (DeprecationWarning): WARN: The environment Hopper-v4 is out of date.\n")
+        (run_dir / "config.json").write_text(json.dumps({"algo": "sac", "config": {"seed": seed,
+                                                                                   "runs_dir": str(seed_dirs[seed])}}))
+        (run_dir / "eval.csv").write_text("global_step,mean_return,std_return,mean_cost,episodes\n"
+                                          f"10000,265.9,2.6,0.0,10\n20000,{230.0 + seed},17.8,0.0,10\n")
+        (run_dir / "episodes.csv").write_text("global_step,return,length,cost\n13,10.1,13,0.0\n34,24.5,21,0.0\n")
+        (run_dir / "checkpoint.pt").write_bytes(b"")
+        (run_dir / "buffer.pt").write_bytes(b"")
+        (run_dir / "run.lock").write_text("")
+        (run_dir / "seeds.json").write_text(json.dumps(  # each run names the group's runs, itself as "."
+            {"runs": ["." if other == seed else f"../../seed{other}/{run_dirs[other].name}" for other in (1, 2, 3)]},
+            indent=2))
+
+    grid = leaderboard.grid_from_dict({
+        "name": "online-full", "family": "online", "seeds": [1, 2, 3], "steps": 300000, "tasks": ["Hopper-v4"],
+        "agents": ["sac"], "options": {"eval-freq": 10000, "eval-episodes": 10, "checkpoint-freq": 50000,
+                                       "precision": "bf16"}}, "online-full")
+    cells = leaderboard.expand(grid, runs)
+    assert [cell.cell_dir for cell in cells] == list(seed_dirs.values())
+    assert [cell.state() for cell in cells] == [("resume", run_dirs[seed]) for seed in (1, 2, 3)]
+    for cell in cells:
+        cell.check_unchanged()  # the recorded options are what the grid asks for
+        assert cell.unrecorded_attempts() == 0 and np.isnan(cell.wall_seconds())
+    assert cells[0].seed_group() == tuple(run_dirs[seed].resolve() for seed in (1, 2, 3))
+    result = cells[0].result()
+    assert (result.status, result.label, result.task, result.budget, result.machine) == (
+        "unfinished", "sac", "Hopper-v4", 300000, machine)
+    assert result.curve == [(10000, 265.9), (20000, 231.0)] and result.options == " ".join(cells[0].args)
+    assert leaderboard.runs_provenance(cells, invocation) == [
+        "Runs made by: 1 agent process(es) (1 of them training 3 seeds at once; 1 of them ended without a record, "
+        "their runs' wall time not measured)"]
+
+    messages = []
+    leaderboard.run_grids([grid], runs, dry_run=True, log=messages.append)
+    assert messages[1:] == [f"resume: python -m keelrl.agents.sac --resume {run_dirs[1].resolve()} --quiet"]
+    (run_dirs[1] / "model.pt").write_bytes(b"")  # seed 1 finished
+    assert cells[0].state() == ("done", run_dirs[1]) and cells[0].result().status == "done"

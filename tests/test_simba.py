@@ -26,7 +26,7 @@ from keelrl.networks import (
 )
 from keelrl.networks.mlp import EnsembleLinear
 from keelrl.networks.seeds import stack_seeds
-from keelrl.networks.simba import EnsembleLayerNorm
+from keelrl.networks.mlp import EnsembleLayerNorm
 from keelrl.networks.simbav2 import HyperLinear, HyperPredictor
 
 OBS_DIM, ACTION_DIM = 5, 2

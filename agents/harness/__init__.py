@@ -5,8 +5,9 @@
     loop.py           `Run`, the loop contract: an agent's loop shows the algorithm's steps (act, step the env,
                       store, update); `Run` counts them and does the rest between iterations (see its docstring)
     run_directory.py  the run directory, config.json, and what --resume and --extend-to make of an earlier run
-    options.py        `RunOptions` (the options every run has), their checks, presets, threads and seeds, and
-                      `run_cli`, the command line that turns a user's mistake into one line and exit code 2
+    options.py        `RunOptions` (the options every run has), their checks, presets, threads and seeds, the
+                      command line: `parse_command_line` (any config dataclass, the benchmark scripts' too), and
+                      `run_cli`, which trains an agent and turns a user's mistake into one line and exit code 2
     logs.py           TensorBoard (CleanRL's scalar names), episodes.csv and eval.csv, videos (--capture-video),
                       W&B, the progress bar and lines
     checkpoints.py    checkpoints (stamped with their replay buffer), model files, random states, and

@@ -1,7 +1,8 @@
 """The options every run has, their checks, presets, and the command line that runs an agent.
 
 `RunOptions` declares them once; each agent's config dataclass extends it with the algorithm's hyperparameters
-(and may give an option another default or meaning, e.g. GRPO's evaluation counts prompts). `run_cli` parses an
+(and may give an option another default or meaning, e.g. GRPO's evaluation counts prompts). `parse_command_line`
+parses any config dataclass (an agent's, a benchmark script's) from the command line; `run_cli` parses an
 agent's config from the command line and turns a user's mistake into one line and exit code 2; while it trains,
 `given_options` knows which options that command line named, so that one given at its default value beside a
 --preset or --resume that sets another is refused like any other, not silently replaced.

@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from keelrl.agents.harness.options import parse_command_line
+from keelrl.benchmarks.aggregate import EPISODES_FILE, EVAL_FILE
 from keelrl.benchmarks.checks.summarize_runs import read_csv
 from keelrl.benchmarks.leaderboard import Cell, Grid, expand, load_grid
 
@@ -52,10 +53,10 @@ def read_curves(cell: Cell) -> Curves | None:
     """The cell's run's eval.csv and episodes.csv (None: no run with an evaluation yet)."""
     run_dirs = cell.run_dirs()
     run_dir = cell.state()[1] or (run_dirs[0] if run_dirs else None)
-    if run_dir is None or not (run_dir / "eval.csv").is_file():
+    if run_dir is None or not (run_dir / EVAL_FILE).is_file():
         return None
-    evals = [(int(r["global_step"]), float(r["mean_return"])) for r in read_csv(run_dir / "eval.csv")]
-    episodes_file = run_dir / "episodes.csv"
+    evals = [(int(r["global_step"]), float(r["mean_return"])) for r in read_csv(run_dir / EVAL_FILE)]
+    episodes_file = run_dir / EPISODES_FILE
     episodes = [(int(r["global_step"]), float(r["return"])) for r in read_csv(episodes_file)] \
         if episodes_file.is_file() else []
     return Curves(cell.seed, evals, episodes) if evals else None

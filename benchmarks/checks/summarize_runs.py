@@ -23,6 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from keelrl.agents.harness.options import parse_command_line
+from keelrl.benchmarks.aggregate import EPISODES_FILE, EVAL_FILE
 
 
 @dataclasses.dataclass
@@ -76,14 +77,14 @@ def check_run_dir(run_dir: Path, group: str) -> None:
 
 def summarize_keelrl(run_dir: Path, last_episodes: int) -> RunSummary:
     check_run_dir(run_dir, "keelrl")
-    if not (run_dir / "eval.csv").is_file() or not (run_dir / "episodes.csv").is_file():
+    if not (run_dir / EVAL_FILE).is_file() or not (run_dir / EPISODES_FILE).is_file():
         raise ValueError(f"--keelrl {run_dir}: no eval.csv and episodes.csv there (not a keelrl run directory)")
-    evaluations = read_csv(run_dir / "eval.csv")
+    evaluations = read_csv(run_dir / EVAL_FILE)
     if not evaluations:
         raise ValueError(f"--keelrl {run_dir}: no evaluation in its eval.csv yet (a run still before its first "
                          "evaluation)")
     final = evaluations[-1]
-    episodes = [(int(row["global_step"]), float(row["return"])) for row in read_csv(run_dir / "episodes.csv")]
+    episodes = [(int(row["global_step"]), float(row["return"])) for row in read_csv(run_dir / EPISODES_FILE)]
     speeds = scalars(run_dir, "charts/SPS")
     last_train = float(np.mean([r for _, r in episodes[-last_episodes:]])) if episodes else float("nan")  # offline
     return RunSummary(run_dir.name, float(final["mean_return"]), last_train, int(final["global_step"]),
@@ -96,7 +97,7 @@ def summarize_cleanrl(run_dir: Path, last_episodes: int) -> RunSummary:
     if not episodes:
         raise ValueError(f"--cleanrl {run_dir}: no charts/episodic_return in TensorBoard events there (not a "
                          "CleanRL run directory, or one before its first episode ended)")
-    evaluations = read_csv(run_dir / "eval.csv") if (run_dir / "eval.csv").is_file() else []
+    evaluations = read_csv(run_dir / EVAL_FILE) if (run_dir / EVAL_FILE).is_file() else []
     final_eval = float(evaluations[-1]["mean_return"]) if evaluations else float("nan")
     if (run_dir / "summary.json").is_file():
         sps = json.loads((run_dir / "summary.json").read_text())["sps"]

@@ -216,7 +216,7 @@ def common_step(progress: list[dict], grid: str) -> int:
 
 @dataclasses.dataclass
 class CPULeaderboard:
-    """A CPU leaderboard's tables (benchmarks/leaderboard.py: <name>_cells.csv and <name>_curves.csv) and its page."""
+    """A CPU leaderboard's tables (benchmarks/leaderboard/: <name>_cells.csv and <name>_curves.csv) and its page."""
     page: str  # the page's path, relative to the GPU page
     cells: list[dict]
     curves: list[dict]
