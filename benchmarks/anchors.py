@@ -153,6 +153,10 @@ class TaskAnchors:
         """keelrl's finished seeds of an entry at the anchors' `step`."""
         return seeds_at(self.runs[entry], step, self.repeat)
 
+    def finished(self) -> bool:
+        """Whether keelrl has a finished run here (a task without one gets its table, not a plot)."""
+        return any(run_outcome(r) == FINISHED for runs in self.runs.values() for r in runs)
+
 
 def tasks_with_anchors(results: list[RunResult], anchors: dict[str, list[Anchor]]) -> list[TaskAnchors]:
     """The page's tasks that the anchors hold, in page order, each with the steps within its budgets that both the
@@ -314,7 +318,8 @@ def _task_lines(page: str, task: TaskAnchors, found: list[Comparison]) -> list[s
     if found:
         lines += ["", "| step | keelrl entry | against | keelrl − anchor | 95% CI | verdict |",
                   "|---|---|---|---|---|---|", *[_comparison_row(c) for c in found]]
-    lines += ["", f"![{task.task}: keelrl beside the published curves]({page}_anchors_{task_slug(task.task)}.png)"]
+    if task.finished():
+        lines += ["", f"![{task.task}: keelrl beside the published curves]({page}_anchors_{task_slug(task.task)}.png)"]
     return lines
 
 
