@@ -13,6 +13,7 @@ Tolerances as the other oracles: float64 oracle, float32 agent.
 
 from __future__ import annotations
 
+import csv
 import math
 
 import gymnasium as gym
@@ -346,11 +347,26 @@ def test_cartpole_learns_within_25k_steps(tmp_path):
 
 def test_the_envpool_backend_runs_ppo_on_several_envs(tmp_path):
     pytest.importorskip("envpool")
-    result = ppo.train(tiny(tmp_path, env_id="Hopper-v4", env_backend="envpool", num_envs=4, num_steps=16,
-                            total_timesteps=256, eval_freq=0, eval_episodes=1))
+    options = dict(env_id="Hopper-v4", env_backend="envpool", num_envs=4, num_steps=16, total_timesteps=256,
+                   eval_freq=0, eval_episodes=1)
+    result = ppo.train(tiny(tmp_path / "a", **options))
     assert result.global_step == 256
     with open(result.run_dir / "config.json") as f:
         assert '"env_backend": "envpool"' in f.read()
+    # each env took 64 steps from its reset: an episode that ended lasted at most as many steps as its env had taken
+    # by then (4 global steps a loop step), and its return is a finite number
+    with open(result.run_dir / "episodes.csv") as f:
+        rows = [(int(row["global_step"]), int(row["length"]), float(row["return"])) for row in csv.DictReader(f)]
+    steps = [step for step, _, _ in rows]
+    assert steps == sorted(steps) and all(step <= 256 for step in steps)
+    assert all(1 <= length <= 64 and 4 * (length - 1) <= step and math.isfinite(ret) for step, length, ret in rows)
+    # one seed, the same numbers: a second run logs the same episodes and ends with the same weights and evaluation
+    again = ppo.train(tiny(tmp_path / "b", **options))
+    assert (again.run_dir / "episodes.csv").read_text() == (result.run_dir / "episodes.csv").read_text()
+    assert np.array_equal(again.final_eval_returns, result.final_eval_returns)
+    weights = PPO.load(result.run_dir / "model.pt").state_dict()
+    for name, tensor in PPO.load(again.run_dir / "model.pt").state_dict().items():
+        assert torch.equal(tensor, weights[name]), name
 
 
 def test_a_ppo_built_by_hand_takes_cleanrl_defaults_for_its_action_space():

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import csv
 import os
+import shlex
 import shutil
 import signal
 import subprocess
@@ -19,7 +20,7 @@ from typing import Any
 import pytest
 import torch
 
-from keelrl.agents import sac, stream_q
+from keelrl.agents import sac
 from keelrl.agents.harness import checkpoints, loop
 from keelrl.agents.harness.checkpoints import BUFFER_FILE, CHECKPOINT_FILE, NEXT_BUFFER_FILE, NEXT_CHECKPOINT_FILE
 from keelrl.agents.harness.options import run_cli
@@ -84,14 +85,19 @@ def test_a_signal_mid_run_checkpoints_and_resume_reaches_the_budget(module, args
     stopped_at = checkpoint["global_step"]
     assert 300 <= stopped_at < int(args[-1])  # the step in progress: no checkpoint_freq (50,000) nor the end
     name = signal.Signals(signum).name
-    assert err.strip().splitlines()[-1] == (f"{name}: stopped at step {stopped_at} of {args[-1]} with a checkpoint; "
-                                            f"continue with: python -m keelrl.agents.{module} --resume {run_dir}")
+    stopped, printed = err.strip().splitlines()[-1].split("; continue with: ")
+    assert stopped == f"{name}: stopped at step {stopped_at} of {args[-1]} with a checkpoint"
+    assert printed == f"python -m keelrl.agents.{module} --resume {run_dir}"
     assert "Traceback" not in err
     if module == "sac":  # the replay buffer holds every step up to the checkpoint, and no more
         assert torch.load(run_dir / BUFFER_FILE, weights_only=True)["rewards"].shape == (stopped_at,)
-    config_cls = {"sac": sac.SACConfig, "stream_q": stream_q.StreamQConfig}[module]
-    train = {"sac": sac.train, "stream_q": stream_q.train}[module]
-    assert run_cli(train, config_cls, args=["--resume", str(run_dir), "--quiet"]) == 0
+    # the printed command, run as printed (its python this interpreter), resumes the run to its budget
+    command = shlex.split(printed)
+    assert command[0] == "python"
+    resumed = subprocess.run([sys.executable, *command[1:], "--quiet"], cwd=REPO, capture_output=True, text=True,
+                             timeout=300)
+    assert resumed.returncode == 0, resumed.stderr
+    assert list(tmp_path.iterdir()) == [run_dir]  # continued in its directory, no new run begun
     assert torch.load(run_dir / CHECKPOINT_FILE, weights_only=True)["global_step"] == int(args[-1])
     rows = episodes(run_dir)
     assert rows[0][0] < stopped_at < rows[-1][0]

@@ -204,25 +204,56 @@ def test_no_warm_up_still_waits_for_one_batch(pretrained, tmp_path, monkeypatch)
     assert sizes[0] == 33 and len(sizes) == 8  # updates from the step after the buffer holds batch_size (32)
 
 
+def assert_same_run(run_dir, other_dir) -> None:
+    """The two runs logged the same episodes and evaluations and saved the same weights, bit for bit."""
+    for log in ("episodes.csv", "eval.csv"):
+        assert (run_dir / log).read_text() == (other_dir / log).read_text(), log
+    weights, other = WSRL.load(run_dir / "model.pt").state_dict(), WSRL.load(other_dir / "model.pt").state_dict()
+    assert weights.keys() == other.keys()
+    for name, tensor in weights.items():
+        assert torch.equal(tensor, other[name]), name
+
+
 def test_resume_extend_and_evaluate_a_wsrl_run(pretrained, tmp_path, monkeypatch):
     run_dir, _ = pretrained
-    update, calls = WSRL.update, []
+    update = WSRL.update
 
-    def interrupted_update(self, batch):
-        calls.append(1)
-        if len(calls) == 30:  # after the checkpoint at step 60 (updates from step 60 on)
-            raise KeyboardInterrupt
-        return update(self, batch)
+    def interrupted_run(runs_dir, at_update: int):
+        """A run that dies in its `at_update`-th update (after the checkpoint at step 60: updates from step 60 on),
+        resumed to its end: its directory and result."""
+        calls = []
 
-    monkeypatch.setattr(WSRL, "update", interrupted_update)
-    with pytest.raises(KeyboardInterrupt):
-        train_wsrl(tiny(run_dir, tmp_path / "runs", warmup_steps=40))
-    monkeypatch.undo()
-    (wsrl_dir,) = (tmp_path / "runs").iterdir()
-    resumed = train_wsrl(WSRLConfig(resume=str(wsrl_dir), quiet=True))
+        def interrupted_update(self, batch):
+            calls.append(1)
+            if len(calls) == at_update:
+                raise KeyboardInterrupt
+            return update(self, batch)
+
+        monkeypatch.setattr(WSRL, "update", interrupted_update)
+        with pytest.raises(KeyboardInterrupt):
+            train_wsrl(tiny(run_dir, runs_dir, warmup_steps=40))
+        monkeypatch.undo()
+        (interrupted_dir,) = runs_dir.iterdir()
+        return interrupted_dir, train_wsrl(WSRLConfig(resume=str(interrupted_dir), quiet=True))
+
+    wsrl_dir, resumed = interrupted_run(tmp_path / "runs", 30)
     assert resumed.global_step == 120
+    # up to its checkpoint (step 60) the run logged what a straight run logs; the resumed part starts new episodes
+    # (the one in progress at the checkpoint is lost), so from there its numbers are those of any run resumed from
+    # that checkpoint: one that died 15 updates later ends bit for bit where it does, and extends as it does
+    straight = train_wsrl(tiny(run_dir, tmp_path / "straight", warmup_steps=40))
+    for log in ("episodes.csv", "eval.csv"):
+        lines, straight_lines = ((d / log).read_text().splitlines() for d in (wsrl_dir, straight.run_dir))
+        kept = [line for line in straight_lines[1:] if int(line.split(",")[0]) <= 60]
+        assert kept and lines[:1 + len(kept)] == straight_lines[:1 + len(kept)], log
+    other_dir, other = interrupted_run(tmp_path / "other", 45)
+    assert_same_run(wsrl_dir, other_dir)
+    assert np.array_equal(resumed.final_eval_returns, other.final_eval_returns)
     extended = train_wsrl(WSRLConfig(resume=str(wsrl_dir), extend_to=150, quiet=True))
     assert extended.global_step == 150
+    other_extended = train_wsrl(WSRLConfig(resume=str(other_dir), extend_to=150, quiet=True))
+    assert_same_run(wsrl_dir, other_extended.run_dir)
+    assert np.array_equal(extended.final_eval_returns, other_extended.final_eval_returns)
     eval_steps = [row.split(",")[0] for row in (wsrl_dir / "eval.csv").read_text().strip().splitlines()[1:]]
     assert eval_steps == ["0", "120", "150"]  # the pre-trained policy at step 0, then the ends of the run
     evaluation = evaluate_saved(EvaluateConfig(path=str(wsrl_dir / "model.pt"), episodes=2, seed=5))
