@@ -98,6 +98,16 @@ class RunResult:
         return self.steps / self.wall_s if self.wall_s > 0 else float("nan")
 
 
+def steps_text(steps: int | None) -> str:
+    """15000 -> '15k', 1000000 -> '1M'."""
+    if steps is None:
+        return "not stated"
+    for unit, size in (("M", 1_000_000), ("k", 1_000)):
+        if steps >= size:
+            return f"{steps / size:g}{unit}"
+    return str(steps)
+
+
 def read_csv_rows(path: Path) -> list[dict[str, str]]:
     """The rows of a CSV file, by column name ([] when there is no such file)."""
     if not path.is_file():

@@ -27,7 +27,7 @@ import numpy as np
 
 import keelrl.envs  # noqa: F401  (registers the DMC ids, whose action repeat scales their steps)
 
-from keelrl.benchmarks.aggregate import FINISHED, RunResult, iqm, run_outcome, stratified_bootstrap_ci
+from keelrl.benchmarks.aggregate import FINISHED, RunResult, iqm, run_outcome, steps_text, stratified_bootstrap_ci
 from keelrl.benchmarks.reference_scores import normalized_score
 
 ANCHORS_FILE = Path(__file__).parent / "anchors" / "published_curves.csv"
@@ -246,13 +246,9 @@ def _returns_text(values: np.ndarray, per_seed_below: int = 0) -> str:
 
 def _comparison_row(c: Comparison) -> str:
     if np.isnan(c.difference):
-        return f"| {steps_label(c.step)} | {c.entry} | {c.anchor} | – | – | {c.verdict} |"
-    return (f"| {steps_label(c.step)} | {c.entry} | {c.anchor} | {c.difference:+.1f} | [{c.low:+.1f}, {c.high:+.1f}] "
+        return f"| {steps_text(c.step)} | {c.entry} | {c.anchor} | – | – | {c.verdict} |"
+    return (f"| {steps_text(c.step)} | {c.entry} | {c.anchor} | {c.difference:+.1f} | [{c.low:+.1f}, {c.high:+.1f}] "
             f"| **{c.verdict}** |")
-
-
-def steps_label(step: int) -> str:
-    return f"{step // 1000}k" if step < 1_000_000 else f"{step / 1e6:g}M"
 
 
 def task_slug(task: str) -> str:
@@ -271,7 +267,7 @@ def summary_lines(found: list[Comparison], steps: list[int]) -> list[str]:
         counts = {name: [c.task for c in at_last if c.verdict == name] for name in ("matches", "above", "below")}
         none = [c.task for c in at_last if c.verdict not in counts]
         text = "; ".join(f"{name} on {len(tasks)} ({', '.join(tasks)})" for name, tasks in counts.items() if tasks)
-        lines.append(f"- keelrl {entry} against published {anchor} at {steps_label(last)}: "
+        lines.append(f"- keelrl {entry} against published {anchor} at {steps_text(last)}: "
                      + (text or "no verdict yet") + (f"; no verdict on {', '.join(none)}" if none else ""))
     return lines
 
@@ -312,7 +308,7 @@ def _task_lines(page: str, task: TaskAnchors, found: list[Comparison]) -> list[s
                   f"counts {task.repeat}.", ""]
     lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for step in task.steps:
-        row = [steps_label(step), *[_returns_text(task.seeds_at(entry, step)) for entry in task.runs],
+        row = [steps_text(step), *[_returns_text(task.seeds_at(entry, step)) for entry in task.runs],
                *[_returns_text(anchor.seeds_at(step), MIN_VERDICT_SEEDS) for anchor in task.anchors]]
         lines.append("| " + " | ".join(row) + " |")
     if found:
@@ -332,7 +328,7 @@ def _iqm_lines(rows: list[IQMRow], reps: int) -> list[str]:
              f"{CONFIDENCE:.0%} interval ({reps} resamples, seeds redrawn within each task); an anchor is pooled over "
              "the same tasks as keelrl's entries and only where it has seeds on all of them.", "",
              "| suite | step | who | tasks | runs | IQM | 95% CI |", "|---|---|---|---|---|---|---|"]
-    lines += [f"| {r.suite} | {steps_label(r.step)} | {r.name} | {r.tasks} | {r.runs} | {r.iqm:.1f} "
+    lines += [f"| {r.suite} | {steps_text(r.step)} | {r.name} | {r.tasks} | {r.runs} | {r.iqm:.1f} "
               f"| [{r.low:.1f}, {r.high:.1f}] |" for r in rows]
     return lines
 

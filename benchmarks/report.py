@@ -25,6 +25,7 @@ from keelrl.benchmarks.aggregate import (
     read_csv_rows,
     run_outcome,
     score_origin,
+    steps_text,
     summarize_cells,
 )
 from keelrl.benchmarks.provenance import machine_description, runs_made_on
@@ -43,16 +44,6 @@ BUDGET_UNITS = {"offline": "gradient updates", "rlvr": "iterations",
 RETURN_NAMES = {"rlvr": "final held-out greedy reward"}  # other families: the evaluation return
 ENV_VERSION = re.compile(r"-v(\d+)$")
 """the version at the end of an environment id ("Hopper-v4" -> "4")"""
-
-
-def steps_text(steps: int | None) -> str:
-    """15000 -> '15k', 1000000 -> '1M'."""
-    if steps is None:
-        return "not stated"
-    for unit, size in (("M", 1_000_000), ("k", 1_000)):
-        if steps >= size:
-            return f"{steps / size:g}{unit}"
-    return str(steps)
 
 
 def _pm(mean: float, std: float, digits: int = 1) -> str:
