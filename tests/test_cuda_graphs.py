@@ -24,6 +24,7 @@ from keelrl.buffers import Batch
 from keelrl.networks import make_optimizer, scale_learning_rates
 from keelrl.networks.cuda_graphs import GraphedUpdate, make_capturable
 from keelrl.networks.seeds import stack_seeds
+from test_seeds import TINY, recorded
 
 OBS_DIM, ACTION_DIM, BATCH = 11, 3, 64
 LOW, HIGH = -np.ones(ACTION_DIM, np.float32), np.ones(ACTION_DIM, np.float32)
@@ -154,6 +155,25 @@ def test_a_seed_group_trained_with_cudagraphs_ends_as_the_compiled_group(options
     for seed in (4, 5):  # the same compiled kernels; capturable Adam rounds its step apart, over 50 updates
         for name, value in compiled[seed].state_dict().items():
             torch.testing.assert_close(captured[seed].state_dict()[name], value, atol=1e-4, rtol=1e-4, msg=name)
+
+
+@cuda
+def test_each_seed_of_ten_under_cudagraphs_updates_as_its_single_graphed_run(tmp_path, monkeypatch):
+    """`--num-seeds 10 --cudagraphs`, the seed group the GPU run times against ten single-seed processes: the first
+    and the last seed's losses over the first 50 updates equal their single `--cudagraphs` runs' within
+    tests/test_seeds.py's tolerance, and a seed given its neighbour's noise would not (their losses differ)."""
+    _, updates = recorded(monkeypatch, "sac")
+    options = dict(TINY, device="cuda", cudagraphs=True)
+    sac.train(SACConfig(**options, seed=1, num_seeds=10, runs_dir=str(tmp_path / "group")))
+    group = list(updates)
+    assert len(group) == 50 and group[-1]["losses/qf_loss"].shape == (10,)
+    for i, seed in ((0, 1), (9, 10)):
+        updates.clear()
+        sac.train(SACConfig(**options, seed=seed, runs_dir=str(tmp_path / f"single{seed}")))
+        for grouped, alone in zip(group, updates, strict=True):
+            for name, value in alone.items():
+                torch.testing.assert_close(grouped[name][i], value, rtol=1e-5, atol=1e-6, msg=name)
+    assert not torch.allclose(group[-1]["losses/qf_loss"][0], group[-1]["losses/qf_loss"][9])
 
 
 LAGRANGIAN = {

@@ -59,6 +59,9 @@ class Args:
     """update steps before the timing starts (compilation, CUDA-graph capture)"""
     timed_steps: int = 2_000
     """update steps timed after the burn-in"""
+    repeats: int = 1
+    """runs of every setting, taken in turn (each repeat runs every setting once before the next repeat begins), so
+    that a drift of the machine's speed falls on every setting alike"""
     smoke_steps: int = 300
     """loop steps of every agent's smoke run"""
     smoke_agents: tuple[str, ...] = tuple(SMOKE_TASKS)
@@ -97,7 +100,7 @@ SETTINGS = (
 )
 REFERENCE_SCRIPTS = {"cleanrl": "cleanrl/{algo}_continuous_action.py",
                      "leanrl": "leanrl/{algo}_continuous_action_torchcompile.py"}
-SPEED_FIELDS = ("algo", "implementation", "setting", "steps_per_s", "note", "command")
+SPEED_FIELDS = ("algo", "implementation", "setting", "repeat", "steps_per_s", "note", "command")
 WARM_UP_SECONDS, SMOKE_SECONDS = 180, 150
 """how long the compile warm-up runs and the smoke runs may take (they run at the same time, before the timed runs)"""
 SEEDS_MINUTES = 1.5
@@ -242,15 +245,16 @@ def speed_rows(args: Args, deadline: float, scratch: Path) -> list[dict]:
     for process in warm_up:
         stop(process, until)
     rows = []
-    for i, (algo, setting) in enumerate(settings):
-        row = dict(algo=algo, implementation=setting.implementation, setting=setting.name, steps_per_s="",
-                   note=unavailable(args, algo, setting), command="")
+    for i, (repeat, (algo, setting)) in enumerate((r, s) for r in range(1, args.repeats + 1) for s in settings):
+        row = dict(algo=algo, implementation=setting.implementation, setting=setting.name, repeat=repeat,
+                   steps_per_s="", note=unavailable(args, algo, setting), command="")
         if not row["note"] and time.monotonic() > deadline:
             row["note"] = "not measured: the deadline had passed"
         if not row["note"]:
             rate, row["note"], row["command"] = measure(args, algo, setting, scratch / f"timed-{i}", deadline + 60)
             row["steps_per_s"] = "" if rate is None else f"{rate:.1f}"
-        print(f"{algo} {setting.implementation} {setting.name}: {row['steps_per_s'] or row['note']}", flush=True)
+        print(f"{algo} {setting.implementation} {setting.name} (repeat {repeat}): "
+              f"{row['steps_per_s'] or row['note']}", flush=True)
         rows.append(row)
         write_csv(args.out / "speed.csv", SPEED_FIELDS, rows)
     return rows
@@ -299,7 +303,7 @@ def environment(args: Args) -> dict:
     """The machine (the commit from prepare.sh's .gpu/commit.txt, beside the references) and the speed settings."""
     return machine(args.device, args.references.parent / "commit.txt") | dict(
         env_id=args.env_id, learning_starts=args.learning_starts, burn_in=args.burn_in, timed_steps=args.timed_steps,
-        smoke_steps=args.smoke_steps, tiny=args.tiny)
+        repeats=args.repeats, smoke_steps=args.smoke_steps, tiny=args.tiny)
 
 
 def seeds_table(args: Args) -> None:
