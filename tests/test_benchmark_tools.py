@@ -146,6 +146,26 @@ def test_the_seeds_speed_script_runs_both_ways_and_writes_its_table(tmp_path):
         seeds_speed.main(seeds_speed.Args(algo="ppo", precision="bf16"))
 
 
+def test_the_seeds_speed_script_times_after_its_burn_in_from_each_runs_sps_points(tmp_path):
+    """--burn-in (compilation and graph capture out of the window): the rate between the run's first charts/SPS
+    point at learning-starts + burn-in and its last, whatever the updates before took; without it the run's own
+    'while updating' rate."""
+    from torch.utils.tensorboard import SummaryWriter
+
+    from keelrl.benchmarks.perf import seeds_speed
+
+    writer = SummaryWriter(str(tmp_path / "1" / "run"))
+    for step, seconds in ((100, 0.0), (200, 10.0), (300, 11.0), (400, 12.0)):  # 10 s of compilation, then 100/s
+        writer.add_scalar("charts/SPS", 1.0, step, walltime=seconds)
+    writer.close()
+    args = seeds_speed.Args(learning_starts=100, burn_in=100)
+    assert seeds_speed.timed_rate(args, "", tmp_path / "1") == pytest.approx(100.0)
+    assert seeds_speed.timed_rate(seeds_speed.Args(), "400 steps: 7.5 overall, 18.2 while updating", tmp_path) == 18.2
+    logged = seeds_speed.command(args, 1, 10, "runs")
+    assert logged[logged.index("--log-freq") + 1] == "100"
+    assert "--log-freq" not in seeds_speed.command(seeds_speed.Args(), 1, 10, "runs")
+
+
 @pytest.mark.parametrize("when", ["as its run starts", "while its run trains"])
 def test_the_seeds_speed_script_stopped_by_sigterm_stops_its_runs_first(when, tmp_path):
     import os

@@ -9,7 +9,7 @@ import types
 
 import pytest
 
-from keelrl.benchmarks.gpu import evidence, page, speed
+from keelrl.benchmarks.gpu import evidence, page, page_learning, page_speed, speed
 
 # Stand-ins for the reference scripts, which live outside the repository: CleanRL's writes charts/SPS points to
 # TensorBoard (here at wall times of exactly 40 steps/s after the burn-in), LeanRL's prints its progress bar.
@@ -131,16 +131,17 @@ def test_learning_table_compares_at_the_step_every_cell_reached():
                 for agent, seed, step, score in
                 [("cql", 1, 5000, "40"), ("cql", 1, 10000, "50"), ("cql", 2, 5000, "30"), ("iql", 1, 5000, "44"),
                  ("iql", 1, 10000, "60")]]
-    lines = page.learning_section(learning, progress)
+    lines = page_learning.learning_section(learning, progress)
     assert lines[0] == "### g: at step 5,000 (the last evaluation every cell reached)"
     assert "| cql | 35.0 ± 5.0 | 2 | 12,000, 9,000 (100,000) | 25.0 | not reached |" in lines
     assert "| iql | 44.0 ± 0.0 | 1 | 16,000 (100,000) | not recorded | not reached |" in lines
-    assert f"| behaviour policy (the dataset) | {page.BEHAVIOUR_SCORE} | | | | {page.BEHAVIOUR_SCORE} |" in lines
-    assert page.learning_summary(learning, progress) == [
+    behaviour = page_learning.BEHAVIOUR_SCORE
+    assert f"| behaviour policy (the dataset) | {behaviour} | | | | {behaviour} |" in lines
+    assert page_learning.learning_summary(learning, progress) == [
         "- g (normalised score, mean over seeds, highest first):",
         "  - at step 5,000, the last every cell reached: iql 44.0, cql 35.0",
         "  - at the 100,000-step budget: not reached by cql, iql",
-        f"  - the behaviour policy (the dataset): {page.BEHAVIOUR_SCORE}"]
+        f"  - the behaviour policy (the dataset): {page_learning.BEHAVIOUR_SCORE}"]
 
 
 def test_learning_table_gives_the_entries_that_reached_the_budget_beside_the_cpu_leaderboards_figures(tmp_path):
@@ -167,10 +168,11 @@ def test_learning_table_gives_the_entries_that_reached_the_budget_beside_the_cpu
     for name, rows in (("cpu_cells.csv", cpu), ("cpu_curves.csv", curves), ("simba_cells.csv", simba),
                        ("simba_curves.csv", simba_curves)):
         write_rows(tmp_path / "leaderboard" / name, rows)
-    leaderboard = page.cpu_leaderboard(tmp_path / "leaderboard" / "cpu_cells.csv", tmp_path / "gpu.md")
+    leaderboard = page_learning.cpu_leaderboard(tmp_path / "leaderboard" / "cpu_cells.csv", tmp_path / "gpu.md")
     assert leaderboard.page == "leaderboard/cpu.md"
-    simba_leaderboard = page.cpu_leaderboard(tmp_path / "leaderboard" / "simba_cells.csv", tmp_path / "gpu.md")
-    lines = page.learning_section(learning, progress, (leaderboard, simba_leaderboard))
+    simba_leaderboard = page_learning.cpu_leaderboard(tmp_path / "leaderboard" / "simba_cells.csv",
+                                                      tmp_path / "gpu.md")
+    lines = page_learning.learning_section(learning, progress, (leaderboard, simba_leaderboard))
     assert lines[0] == "### g: at step 5,000 (the last evaluation every cell reached)"
     assert "| sac | 300.0 ± 0.0 | 1 | 7,200 (10,000) | not recorded | not reached |" in lines
     assert "| simbav2 | 450.0 ± 50.0 | 2 | 10,000, 10,000 (10,000) | not recorded | 1000.0 ± 100.0 |" in lines
@@ -178,8 +180,9 @@ def test_learning_table_gives_the_entries_that_reached_the_budget_beside_the_cpu
         "| keelrl on a CPU (leaderboard/cpu.md), Hopper-v5: sac | 200.0 ± 81.6 | 3 | 10,000 (10,000) | | "
         "2165.1 ± 724.5 |",
         "| keelrl on a CPU (leaderboard/simba.md), Hopper-v5: simbav2 |  | 1 | 10,000 (10,000) | | 2900.0 ± 0.0 |"]
-    assert page.learning_section(learning, progress, (page.cpu_leaderboard(tmp_path / "none_cells.csv", tmp_path),)) \
-        == page.learning_section(learning, progress)  # no CPU leaderboard there: no rows
+    nothing = page_learning.cpu_leaderboard(tmp_path / "none_cells.csv", tmp_path)
+    assert page_learning.learning_section(learning, progress, (nothing,)) \
+        == page_learning.learning_section(learning, progress)  # no CPU leaderboard there: no rows
     assert "| published, Hopper-v4 at 100k: SAC | | 10 | 100,000 | | 1103 |" in lines
     published = "  - published, Hopper-v4 at 100k steps: SimbaV2 (UTD 2) 2821.0, SAC 1103.0"
     summary = [
@@ -187,16 +190,17 @@ def test_learning_table_gives_the_entries_that_reached_the_budget_beside_the_cpu
         "  - at step 5,000, the last every cell reached: simbav2 450.0, sac 300.0",
         "  - at the 10,000-step budget: simbav2 1000.0; not reached by sac",
         "  - keelrl on a CPU (leaderboard/cpu.md) at the 10,000-step budget: sac 2165.1", published]
-    assert page.learning_summary(learning, progress, (leaderboard, simba_leaderboard)) == summary  # 1 of 3 seeds
+    summary_of = page_learning.learning_summary
+    assert summary_of(learning, progress, (leaderboard, simba_leaderboard)) == summary  # 1 of 3 seeds
     simba_leaderboard.cells[0]["seeds_done"] = "3"
-    assert page.learning_summary(learning, progress, (leaderboard, simba_leaderboard)) == [*summary[:-1],
+    assert page_learning.learning_summary(learning, progress, (leaderboard, simba_leaderboard)) == [*summary[:-1],
         "  - keelrl on a CPU (leaderboard/simba.md) at the 10,000-step budget: simbav2 2900.0", published]
     finished = [row for row in progress if row["agent"] == "simbav2"]
-    assert page.learning_summary(learning, finished) == [
+    assert page_learning.learning_summary(learning, finished) == [
         "- g (evaluation return, mean over seeds, highest first):", "  - at the 10,000-step budget: simbav2 1000.0",
         published]
     behind = dict(finished[0], seed=3, state="resume", last_step="9000", last_evaluation="5000")
-    assert page.learning_summary(learning, [*finished, behind])[2] == \
+    assert page_learning.learning_summary(learning, [*finished, behind])[2] == \
         "  - at the 10,000-step budget: not reached by simbav2"  # a seed short of it: not the others' mean
 
 
@@ -217,18 +221,18 @@ def test_an_entry_that_got_further_stands_beside_the_cpu_leaderboards_entries_at
                   return_mean="201.5", return_std="0.5")]
     write_rows(tmp_path / "cpu_cells.csv", cells)
     write_rows(tmp_path / "cpu_curves.csv", curves)
-    cpu = page.cpu_leaderboard(tmp_path / "cpu_cells.csv", tmp_path / "gpu.md")
-    lines = page.learning_section(learning, progress, (cpu,))
+    cpu = page_learning.cpu_leaderboard(tmp_path / "cpu_cells.csv", tmp_path / "gpu.md")
+    lines = page_learning.learning_section(learning, progress, (cpu,))
     start = lines.index("### g: at step 10,000, the furthest at which entries of the GPU's and of the CPU's stand "
                         "side by side")
     assert lines[start + 4:start + 6] == ["| simbav2 | 1150.0 ± 50.0 | 2 | 1650.0 ± 50.0 (15,000) |",
                                           "| sac (on a CPU, cpu.md) | 101.5 ± 0.5 | 2 | 201.5 ± 0.5 (20,000) |"]
     assert "  - at step 10,000, the furthest at which entries of the GPU's and of the CPU's stand side by side: " \
-           "simbav2 1150.0, sac (on a CPU, cpu.md) 101.5" in page.learning_summary(learning, progress, (cpu,))
+           "simbav2 1150.0, sac (on a CPU, cpu.md) 101.5" in page_learning.learning_summary(learning, progress, (cpu,))
     cpu.curves.remove(curves[2])  # seed 2's evaluation at 10k: no step past 5k that both sides' seeds share
-    assert page.side_by_side(learning, progress, "g", (cpu,)) == (0, {})
-    assert not any("side by side" in line for line in page.learning_section(learning, progress, (cpu,)))
-    assert not any("side by side" in line for line in page.learning_section(learning, progress, ()))
+    assert page_learning.side_by_side(learning, progress, "g", (cpu,)) == (0, {})
+    assert not any("side by side" in line for line in page_learning.learning_section(learning, progress, (cpu,)))
+    assert not any("side by side" in line for line in page_learning.learning_section(learning, progress, ()))
 
 
 def test_sync_counting_counts_the_sync_warnings_by_line_and_passes_the_others_on(monkeypatch, recwarn):
@@ -274,12 +278,34 @@ def write_speed_folder(folder, commit: str, rows: list[tuple[str, str]]) -> None
 def test_speed_rows_of_two_leases_merge_and_other_commits_are_refused(tmp_path):
     write_speed_folder(tmp_path / "a", "abc1234", [("eager", "100.0"), ("--cudagraphs", ""), ("--compile", "120.0")])
     write_speed_folder(tmp_path / "b", "abc1234", [("eager", ""), ("--cudagraphs", "400.0"), ("--compile", "130.0")])
-    rows = page.merged_speed_rows((tmp_path / "a", tmp_path / "b"))
+    rows = page_speed.merged_speed_rows((tmp_path / "a", tmp_path / "b"))
     assert [(row["setting"], row["steps_per_s"]) for row in rows] == [
         ("eager", "100.0"), ("--cudagraphs", "400.0"), ("--compile", "130.0")]
     write_speed_folder(tmp_path / "c", "def5678", [("eager", "90.0")])
     with pytest.raises(SystemExit, match="commit 'def5678'"):
         page.same_run((tmp_path / "a", tmp_path / "c"))
+
+
+def test_settings_timed_in_turns_give_each_run_their_mean_and_keelrls_over_leanrls(tmp_path):
+    """speed.py --repeats: the page lists each setting's runs in the order they ran, their mean, and keelrl's mean
+    over LeanRL's, LeanRL's README figure beside; an unmeasured setting is left out."""
+    environment = dict(device="NVIDIA H200", cpus=16, torch="2.11", commit="abc1234", env_id="HalfCheetah-v4",
+                       learning_starts=1000, burn_in=300, timed_steps=2000, repeats=2)
+    (tmp_path / "environment.json").write_text(json.dumps(environment))
+    with (tmp_path / "speed.csv").open("w", newline="") as file:
+        writer = csv.DictWriter(file, speed.SPEED_FIELDS)
+        writer.writeheader()
+        for repeat, leanrl, keelrl in ((1, "400.0", "500.0"), (2, "300.0", "550.0")):
+            for implementation, setting, rate in (("leanrl", "torch.compile + CUDA graphs", leanrl),
+                                                  ("keelrl", "--cudagraphs", keelrl), ("keelrl", "eager", "")):
+                writer.writerow(dict(algo="td3", implementation=implementation, setting=setting, repeat=repeat,
+                                     steps_per_s=rate, note="", command=""))
+    lines = page_speed.turns_section(tmp_path)
+    assert lines[-2:] == ["| TD3 | leanrl | torch.compile + CUDA graphs | 400.0, 300.0 | 350.0 | 1.00× | 936 |",
+                          "| TD3 | keelrl | --cudagraphs | 500.0, 550.0 | 525.0 | 1.50× | 936 |"]
+    assert page_speed.turns_headline(tmp_path) == [
+        "- TD3 on HalfCheetah-v4 (LeanRL's own setting, NVIDIA H200): keelrl --cudagraphs 525.0 steps/s, LeanRL "
+        "torch.compile + CUDA graphs 350.0, 1.50× (means of 2 runs each, taken in turns)."]
 
 
 def write_evidence_folder(folder, device: str, entries: dict[tuple[str, str], tuple[int, str]]) -> None:
@@ -307,7 +333,7 @@ def test_each_entry_comes_from_the_collect_whose_cells_of_it_got_furthest_and_na
                                                           ("offline", "cql"): (5000, "20.0")})
     write_evidence_folder(tmp_path / "b", "NVIDIA H200", {("online", "scalar"): (10000, "5.0"),
                                                           ("online", "simba"): (100000, "30.0")})
-    merged = page.merged_learning((tmp_path / "a", tmp_path / "b"))
+    merged = page_learning.merged_learning((tmp_path / "a", tmp_path / "b"))
     assert [(row["grid"], row["agent"], row["mean_return"]) for row in merged.learning] == [
         ("online", "scalar", "10.0"), ("online", "simba", "30.0"), ("offline", "cql", "20.0")]
     assert [int(row["last_evaluation"]) for row in merged.progress] == [35000, 100000, 5000]
@@ -318,7 +344,7 @@ def test_each_entry_comes_from_the_collect_whose_cells_of_it_got_furthest_and_na
     assert page.learning_machines({("online", "simba"): merged.machines["online", "simba"]})[0].startswith(
         "The learning cells ran on NVIDIA H200")
     write_evidence_folder(tmp_path / "c", "NVIDIA H100", {("online", "scalar"): (35000, "12.0")})
-    again = page.merged_learning((tmp_path / "a", tmp_path / "b", tmp_path / "c"))
+    again = page_learning.merged_learning((tmp_path / "a", tmp_path / "b", tmp_path / "c"))
     assert again.learning[0]["mean_return"] == "12.0"  # as far as before: the later collect's
 
 
@@ -359,7 +385,7 @@ def test_learning_table_lists_every_cell_before_any_common_evaluation():
     progress = [dict(grid="g", agent=agent, task="t", seed=1, state="resume", last_step=last, last_evaluation=ev,
                      budget="100000") for agent, last, ev in [("sac", "6000", "5000"), ("simbav2", "4000", "0")]]
     learning = [dict(grid="g", agent="sac", task="t", seed=1, step=5000, mean_return="17.0", normalized_score="")]
-    lines = page.learning_section(learning, progress)
+    lines = page_learning.learning_section(learning, progress)
     assert lines[0] == "### g: no step every cell evaluated (some had not reached their first evaluation)"
     assert "| sac | not measured | 0 | 6,000 (100,000) | not recorded | not reached |" in lines
     assert "| simbav2 | not measured | 0 | 4,000 (100,000) | not recorded | not reached |" in lines

@@ -2,14 +2,15 @@
 
     python -m keelrl.benchmarks.perf.seeds_speed --sizes 1 2 4 10 --cores 0            # CPU: all on core 0
     python -m keelrl.benchmarks.perf.seeds_speed --sizes 1 2 4 10 --device cuda         # one GPU
-    python -m keelrl.benchmarks.perf.seeds_speed --sizes 10 --device cuda --cudagraphs   # each update one graph
+    python -m keelrl.benchmarks.perf.seeds_speed --sizes 10 --device cuda --cudagraphs --burn-in 1000  # one graph
     python -m keelrl.benchmarks.perf.seeds_speed --algo ppo --sizes 1 3 --total-timesteps 10240 --cores 0
 
 For each S: one process training S seeds of the agent (SAC, TD3, PPO) as one batched network, then S single-seed
 processes at once; every process pinned to `--cores` (CPU) with one torch thread, or sharing the GPU. Each trains
 `--total-timesteps` steps of `--env-id`, the first `--learning-starts` random (PPO: the first rollout, 2048 steps on
 Box actions, before its first update); the figure is environment steps per second from the first update on, read
-from each run's own output ("while updating"); with `--repeats`, the two ways take turns and the median of each is
+from each run's own output ("while updating"), or with `--burn-in` from that many updates later on, read from the
+charts/SPS points each run writes to TensorBoard (the window of benchmarks/gpu/speed.py); with `--repeats`, the two ways take turns and the median of each is
 shown. Per seed: each seed's steps/s (the batched process moves all its seeds at its loop's rate; separate
 processes, their mean). Together: the sum over seeds, what a seed table costs. `--out` writes the table as Markdown.
 """
@@ -53,7 +54,10 @@ class Args:
     """fp32 or bf16 (SAC and TD3)"""
     cudagraphs: bool = False
     """with --device cuda: every process replays its whole update as a CUDA graph, the batched one a single graph
-    for all S seeds (their capture, a few updates, falls inside the timed steps)"""
+    for all S seeds (their compilation and capture fall inside the timed steps unless --burn-in passes them)"""
+    burn_in: int = 0
+    """updates before the timing starts (SAC and TD3): with --cudagraphs, the compilation and graph capture, which
+    over the default 1,000 updates take most of the time (a lease of 2026-11-28); 0: time from the first update"""
     repeats: int = 1
     """measurements of each S, one process and S processes taking turns; the table shows their medians"""
     out: Path | None = None
@@ -71,11 +75,21 @@ def command(args: Args, seed: int, num_seeds: int, runs_dir: str) -> list[str]:
               "--num-seeds", str(num_seeds), "--total-timesteps", str(args.total_timesteps), "--eval-freq", "0",
               "--eval-episodes", "1", "--checkpoint-freq", str(args.total_timesteps), "--checkpoint-minutes", "0",
               "--hidden-sizes", hidden, hidden, "--device", args.device, "--threads", "1", "--runs-dir", runs_dir,
-              "--quiet"]
+              "--quiet", *(["--log-freq", "100"] if args.burn_in else [])]
     if args.algo in ON_POLICY:
         return common
     return [*common, "--learning-starts", str(args.learning_starts), "--precision", args.precision,
             *(["--cudagraphs"] if args.cudagraphs else [])]
+
+
+def timed_rate(args: Args, output: str, run_dir: Path) -> float:
+    """A run's steps/s: from its first update (its output's 'while updating'), or with --burn-in over its charts/SPS
+    points from step learning-starts + burn-in on (`run_dir`: the run's --runs-dir)."""
+    if not args.burn_in:
+        return update_rates(output)[0]
+    from keelrl.benchmarks.gpu.speed import tensorboard_points, window_rate
+
+    return window_rate(tensorboard_points(run_dir), args.learning_starts + args.burn_in)
 
 
 def update_rates(output: str) -> list[float]:
@@ -133,9 +147,8 @@ def batched(args: Args, num_seeds: int) -> float:
     """Each seed's steps/s in one process training `num_seeds` seeds."""
     with tempfile.TemporaryDirectory() as runs:
         output, = run_at_once([command(args, 1, num_seeds, runs + "/{seed}")], Path(runs))
-    rates = update_rates(output)
-    assert len(rates) == num_seeds, output  # one loop: every seed prints the same rate
-    return rates[0]
+        assert len(update_rates(output)) == num_seeds, output  # one loop: every seed prints the same rate
+        return timed_rate(args, output, Path(runs) / "1")  # seed 1's run directory
 
 
 def separate(args: Args, num_seeds: int) -> list[float]:
@@ -143,7 +156,7 @@ def separate(args: Args, num_seeds: int) -> list[float]:
     with tempfile.TemporaryDirectory() as runs:
         outputs = run_at_once([command(args, seed, 1, f"{runs}/{seed}") for seed in range(1, num_seeds + 1)],
                               Path(runs))
-    return [update_rates(output)[0] for output in outputs]
+        return [timed_rate(args, output, Path(runs) / str(seed)) for seed, output in enumerate(outputs, 1)]
 
 
 def main(args: Args) -> list[str]:
@@ -153,8 +166,9 @@ def main(args: Args) -> list[str]:
     hidden = command(args, 1, 1, "")[command(args, 1, 1, "").index("--hidden-sizes") + 1]
     untimed = "the first rollout" if args.algo in ON_POLICY else f"{args.learning_starts} random steps"
     lines = [f"{args.algo.upper()} on {args.env_id}, {hidden}-{hidden} networks, {args.precision}"
-             f"{', --cudagraphs' if args.cudagraphs else ''}, {args.total_timesteps} steps per run timed from the "
-             f"first update (after {untimed}), every process on {where}.", "",
+             f"{', --cudagraphs' if args.cudagraphs else ''}, {args.total_timesteps} steps per run timed from "
+             f"{f'update {args.burn_in + 1:,} on' if args.burn_in else 'the first update'} (after {untimed}), every "
+             f"process on {where}.", "",
              "| seeds S | per seed, one process | per seed, S processes | together, one process | "
              "together, S processes | one process / S processes |", "|---|---|---|---|---|---|"]
     for size in args.sizes:
