@@ -127,33 +127,22 @@ def assert_critics_match(agent, critics, targets):
                 torch.testing.assert_close(layer.bias[k, 0], linear.bias, atol=ATOL, rtol=RTOL)
 
 
-def test_fast_sac_update_equals_the_plain_update(fixed_batch):
+@pytest.mark.parametrize("agent_cls, config_cls, plain_update", [(SAC, SACConfig, plain_sac),
+                                                                 (TD3, TD3Config, plain_td3)])
+def test_fast_update_equals_the_plain_update(agent_cls, config_cls, plain_update, fixed_batch):
     torch.manual_seed(0)
-    config = SACConfig(hidden_sizes=(32, 32))
-    agent = SAC(OBS_DIM, -np.ones(ACTION_DIM), np.ones(ACTION_DIM), config)
+    config = config_cls(hidden_sizes=(32, 32))
+    agent = agent_cls(OBS_DIM, -np.ones(ACTION_DIM), np.ones(ACTION_DIM), config)
     batches = batches_from(fixed_batch)
-    actor, critics, targets, log_alpha = plain_sac(agent, batches, config, seed=1)
+    actor, critics, targets, *log_alpha = plain_update(agent, batches, config, seed=1)  # SAC's log α too
     torch.manual_seed(1)
     for batch in batches:
         agent.update(batch)
     assert_critics_match(agent, critics, targets)
     for plain, fast in zip(actor.parameters(), agent.actor.parameters()):
         torch.testing.assert_close(fast, plain, atol=ATOL, rtol=RTOL)
-    torch.testing.assert_close(agent.log_alpha.detach(), log_alpha.detach(), atol=1e-7, rtol=1e-6)
-
-
-def test_fast_td3_update_equals_the_plain_update(fixed_batch):
-    torch.manual_seed(0)
-    config = TD3Config(hidden_sizes=(32, 32))
-    agent = TD3(OBS_DIM, -np.ones(ACTION_DIM), np.ones(ACTION_DIM), config)
-    batches = batches_from(fixed_batch)
-    actor, critics, targets = plain_td3(agent, batches, config, seed=1)
-    torch.manual_seed(1)
-    for batch in batches:
-        agent.update(batch)
-    assert_critics_match(agent, critics, targets)
-    for plain, fast in zip(actor.parameters(), agent.actor.parameters()):
-        torch.testing.assert_close(fast, plain, atol=ATOL, rtol=RTOL)
+    for expected in log_alpha:
+        torch.testing.assert_close(agent.log_alpha.detach(), expected.detach(), atol=1e-7, rtol=1e-6)
 
 
 @pytest.mark.skipif(not any(map(shutil.which, ("g++", "c++", "clang++"))),

@@ -19,6 +19,7 @@ OmniSafe's SACLag/TD3Lag `_loss_pi` (omnisafe/algorithms/off_policy/sac_lag.py, 
 Q_c is the mean of the cost ensemble; the cost critics regress onto c + γ(1 − terminated)·Q_c,target(s', a').
 """
 
+import dataclasses
 import math
 
 import gymnasium as gym
@@ -158,6 +159,48 @@ def deterministic_actor(P, obs):
 # SAC-Lag
 
 
+@dataclasses.dataclass
+class CostStep:
+    """The oracle's cost critics after one step: their target critics' values at a', their values at (s, a), the
+    loss, the critics after Adam's first step and the target critics after Polyak averaging."""
+    next_qc: torch.Tensor
+    qc_sa: torch.Tensor
+    loss: torch.Tensor
+    critic: dict[str, torch.Tensor]
+    target: dict[str, torch.Tensor]
+
+
+def cost_critic_step(cost, cost_t, b: Batch, next_a_c: torch.Tensor, lr: float, tau: float) -> CostStep:
+    """Cost critics regressed on c + γ(1 − d)·mean_j Q_c,targ_j(s', a') (γ 0.9), a' from the actor after its step."""
+    with torch.no_grad():
+        next_qc = q_ensemble(cost_t, b.next_obs, next_a_c)  # (2, B)
+        cost_target = b.costs + 0.9 * (1 - b.terminated) * next_qc.mean(dim=0)
+    QC = leaves(cost)
+    qc_sa = q_ensemble(QC, b.obs, b.actions)
+    cost_loss = ((qc_sa - cost_target) ** 2).mean(dim=1).sum()
+    cost_new = adam_first_step(cost, grad_of(cost_loss, QC), lr)
+    return CostStep(next_qc, qc_sa, cost_loss, cost_new, polyak(cost_t, cost_new, tau))
+
+
+def spied_update(agent, batch: Batch, noise, monkeypatch, documented: str) -> tuple[dict, dict]:
+    """agent.update(batch) drawing `noise`, and what it saw: its reward critics' target (the head's loss input) and
+    the cost target critic's (a', output); `documented`: the draws the agent is documented to make."""
+    seen = {}
+    head_loss = agent.head.loss  # the reward critics' loss against their target (the cost critics' is not the head's)
+    monkeypatch.setattr(agent.head, "loss", lambda outputs, target: (
+        seen.setdefault("reward_target", target.clone()), head_loss(outputs, target))[1])
+    hook = agent.cost.target.register_forward_hook(
+        lambda module, inputs, output: seen.update(cost_next=(inputs[1].clone(), output.clone())))
+    fixed = FixedNoise(noise)
+    monkeypatch.setattr(torch, "randn_like", fixed)
+    monkeypatch.setattr(agent.random, "normal", fixed.normal)
+    losses = agent.update(batch)
+    monkeypatch.undo()
+    hook.remove()
+    assert not fixed.draws, f"the agent drew fewer Gaussian noises than documented ({documented})"
+    return losses, seen
+
+
 def test_sac_lag_one_update_matches_an_independent_oracle(monkeypatch):
     """One SAC-Lag update (policy_frequency 1, autotuned α, λ = 0.7) against a hand-written update:
     reward critic target and loss, the Lagrangian actor loss, α's loss, the cost critic target and loss,
@@ -210,46 +253,28 @@ def test_sac_lag_one_update_matches_an_independent_oracle(monkeypatch):
 
     with torch.no_grad():  # the cost target's a' comes from the actor after its step
         next_a_c, _ = gaussian_actor_sample(actor_new, b.next_obs, noise[2].to(F64))
-        next_qc = q_ensemble(cost_t, b.next_obs, next_a_c)  # (2, B)
-        cost_target = b.costs + 0.9 * (1 - b.terminated) * next_qc.mean(dim=0)
-    QC = leaves(cost)
-    qc_sa = q_ensemble(QC, b.obs, b.actions)
-    cost_loss = ((qc_sa - cost_target) ** 2).mean(dim=1).sum()
-    cost_new = adam_first_step(cost, grad_of(cost_loss, QC), lr_q)
-    cost_t_new = polyak(cost_t, cost_new, tau)
+    cost_step = cost_critic_step(cost, cost_t, b, next_a_c, lr_q, tau)
 
     # --- the agent, with spies on its reward target and on the cost target critic's inputs/outputs
-    seen = {}
-    head_loss = agent.head.loss  # the reward critics' loss against their target (the cost critics' is not the head's)
-    monkeypatch.setattr(agent.head, "loss", lambda outputs, target: (
-        seen.setdefault("reward_target", target.clone()), head_loss(outputs, target))[1])
-    hook = agent.cost.target.register_forward_hook(
-        lambda module, inputs, output: seen.update(cost_next=(inputs[1].clone(), output.clone())))
-    fixed = FixedNoise(noise)
-    monkeypatch.setattr(torch, "randn_like", fixed)
-    monkeypatch.setattr(agent.random, "normal", fixed.normal)
-    losses = agent.update(batch)
-    monkeypatch.undo()
-    hook.remove()
-    assert not fixed.draws, "the agent drew fewer Gaussian noises than documented (critic, actor, cost target)"
+    losses, seen = spied_update(agent, batch, noise, monkeypatch, "critic, actor, cost target")
 
     close(seen["reward_target"], reward_target)
     close(seen["cost_next"][0], next_a_c)
-    close(seen["cost_next"][1].squeeze(-1), next_qc)
+    close(seen["cost_next"][1].squeeze(-1), cost_step.next_qc)
     close(losses["losses/qf_loss"], critic_loss / 2)
     close(losses["losses/qf_values"], q_sa.mean())
     close(losses["losses/actor_loss"], actor_loss)
     close(losses["losses/alpha"], alpha)
     close(losses["losses/alpha_loss"], alpha_loss)
-    close(losses["losses/cost_qf_loss"], cost_loss / 2)
-    close(losses["losses/cost_qf_values"], qc_sa.mean())
+    close(losses["losses/cost_qf_loss"], cost_step.loss / 2)
+    close(losses["losses/cost_qf_values"], cost_step.qc_sa.mean())
     close(losses["losses/lagrange_multiplier"], lam)  # λ never moves on a gradient update
     assert_params(agent.critic, critic_new, "critic")
     assert_params(agent.critic_target, critic_t_new, "critic_target")
     assert_params(agent.actor, actor_new, "actor")
     close(agent.log_alpha, log_alpha_new)
-    assert_params(agent.cost.critic, cost_new, "cost_critic")
-    assert_params(agent.cost.target, cost_t_new, "cost_critic_target")
+    assert_params(agent.cost.critic, cost_step.critic, "cost_critic")
+    assert_params(agent.cost.target, cost_step.target, "cost_critic_target")
     assert agent.lagrange_multiplier.item() == pytest.approx(lam)
     # the oracle is sensitive: each Adam step moved every parameter that had a gradient
     assert not torch.allclose(actor_new["mean.weight"], actor["mean.weight"])
@@ -309,43 +334,25 @@ def test_td3_lag_one_update_matches_an_independent_oracle(monkeypatch):
 
     with torch.no_grad():
         next_a_c = smoothed(actor_t_new, b.next_obs, noise[1].to(F64), 1.0, 1.5)
-        next_qc = q_ensemble(cost_t, b.next_obs, next_a_c)
-        cost_target = b.costs + 0.9 * (1 - b.terminated) * next_qc.mean(dim=0)
-    QC = leaves(cost)
-    qc_sa = q_ensemble(QC, b.obs, b.actions)
-    cost_loss = ((qc_sa - cost_target) ** 2).mean(dim=1).sum()
-    cost_new = adam_first_step(cost, grad_of(cost_loss, QC), lr)
-    cost_t_new = polyak(cost_t, cost_new, tau)
+    cost_step = cost_critic_step(cost, cost_t, b, next_a_c, lr, tau)
 
-    seen = {}
-    head_loss = agent.head.loss  # the reward critics' loss against their target (the cost critics' is not the head's)
-    monkeypatch.setattr(agent.head, "loss", lambda outputs, target: (
-        seen.setdefault("reward_target", target.clone()), head_loss(outputs, target))[1])
-    hook = agent.cost.target.register_forward_hook(
-        lambda module, inputs, output: seen.update(cost_next=(inputs[1].clone(), output.clone())))
-    fixed = FixedNoise(noise)
-    monkeypatch.setattr(torch, "randn_like", fixed)
-    monkeypatch.setattr(agent.random, "normal", fixed.normal)
-    losses = agent.update(batch)
-    monkeypatch.undo()
-    hook.remove()
-    assert not fixed.draws, "the agent drew fewer Gaussian noises than documented (critic target, cost target)"
+    losses, seen = spied_update(agent, batch, noise, monkeypatch, "critic target, cost target")
 
     close(seen["reward_target"], reward_target)
     close(seen["cost_next"][0], next_a_c)
-    close(seen["cost_next"][1].squeeze(-1), next_qc)
+    close(seen["cost_next"][1].squeeze(-1), cost_step.next_qc)
     close(losses["losses/qf_loss"], critic_loss / 2)
     close(losses["losses/qf_values"], q_sa.mean())
     close(losses["losses/actor_loss"], actor_loss)
-    close(losses["losses/cost_qf_loss"], cost_loss / 2)
-    close(losses["losses/cost_qf_values"], qc_sa.mean())
+    close(losses["losses/cost_qf_loss"], cost_step.loss / 2)
+    close(losses["losses/cost_qf_values"], cost_step.qc_sa.mean())
     close(losses["losses/lagrange_multiplier"], lam)
     assert_params(agent.critic, critic_new, "critic")
     assert_params(agent.critic_target, critic_t_new, "critic_target")
     assert_params(agent.actor, actor_new, "actor")
     assert_params(agent.actor_target, actor_t_new, "actor_target")
-    assert_params(agent.cost.critic, cost_new, "cost_critic")
-    assert_params(agent.cost.target, cost_t_new, "cost_critic_target")
+    assert_params(agent.cost.critic, cost_step.critic, "cost_critic")
+    assert_params(agent.cost.target, cost_step.target, "cost_critic_target")
 
 
 # ----------------------------------------------------------------------------------------------------------

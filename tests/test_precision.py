@@ -130,20 +130,21 @@ def test_bad_precision_is_refused_in_one_line_and_emulated_bf16_warns_once(monke
     assert refused.value.code == 2 and "fp16" in capsys.readouterr().err
     with pytest.raises(ValueError, match=r"^--precision must be one of fp32, tf32, bf16, got 'fp16'\.$"):  # in Python
         sac.train(sac.SACConfig(precision="fp16", runs_dir=str(tmp_path)))
-    monkeypatch.setattr(training, "native_bf16", lambda device: False)
-    monkeypatch.setattr(training, "_warned_emulated_bf16", False)
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        training.check_precision("bf16", "cpu")
-        training.check_precision("bf16", "cpu")
+    caught = precision_warnings(monkeypatch, native=False, precisions=("bf16", "bf16"))
     assert len(caught) == 1 and "no native bfloat16" in str(caught[0].message)
-    monkeypatch.setattr(training, "native_bf16", lambda device: True)
+    assert not precision_warnings(monkeypatch, native=True, precisions=("bf16", "fp32"))
+
+
+def precision_warnings(monkeypatch, native: bool, precisions: tuple[str, ...]) -> list:
+    """The warnings of check_precision on the CPU for each of `precisions` in turn, on a CPU with or without
+    native bfloat16, from a process that has not warned yet."""
+    monkeypatch.setattr(training, "native_bf16", lambda device: native)
     monkeypatch.setattr(training, "_warned_emulated_bf16", False)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        training.check_precision("bf16", "cpu")
-        training.check_precision("fp32", "cpu")
-    assert not caught
+        for precision in precisions:
+            training.check_precision(precision, "cpu")
+    return caught
 
 
 def test_a_gpu_that_only_emulates_bf16_is_not_taken_for_native(monkeypatch):

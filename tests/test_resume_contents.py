@@ -41,8 +41,6 @@ from keelrl.agents import cql, iql, sac, sac_lag, stream_ac, stream_q, td3, td3_
 from keelrl.agents.harness import loop as harness_loop
 from keelrl.agents.harness.checkpoints import CHECKPOINT_FILE, restore_rng_state, rng_state
 from keelrl.benchmarks.make_datasets import collect
-from keelrl.buffers import ReplayBuffer
-from keelrl.buffers.offline import DatasetBuffer
 from keelrl.envs import CostWrapper
 from keelrl.envs.streaming_wrappers import stream_wrapper
 from keelrl.networks import RewardScaler
@@ -250,14 +248,19 @@ def off_policy_snapshot(live: dict) -> dict:
 def off_policy_run(monkeypatch, module, agent_cls) -> Run:
     run = Run(monkeypatch, harness_loop, agent_cls, off_policy_snapshot)
     monkeypatch.setattr(module, agent_cls.__name__, run.agent_cls)  # the agent file's loop builds the recording agent
+    record_buffer(monkeypatch, run, module, "ReplayBuffer")
+    return run
 
-    class RecordingBuffer(ReplayBuffer):
+
+def record_buffer(monkeypatch, run: Run, module, name: str) -> None:
+    """The agent file's buffer class `name` replaced by one that hands each new buffer to run.live["buffer"]."""
+
+    class Recording(getattr(module, name)):
         def __init__(self, *args, **kwargs):
             super().__init__(*args, **kwargs)
             run.live["buffer"] = self
 
-    monkeypatch.setattr(module, "ReplayBuffer", RecordingBuffer)
-    return run
+    monkeypatch.setattr(module, name, Recording)
 
 
 # One update per env step after step 100; the checkpoint at step 160 is 10 steps into a 15-step episode;
@@ -418,13 +421,7 @@ def offline_run(monkeypatch, algo):
     module, agent_cls, config_cls, _ = OFFLINE_CASES[algo]
     run = Run(monkeypatch, harness_loop, agent_cls, offline_snapshot)
     monkeypatch.setattr(module, agent_cls.__name__, run.agent_cls)  # the agent file's loop builds the recording agent
-
-    class RecordingDataset(DatasetBuffer):
-        def __init__(self, *args, **kwargs):
-            super().__init__(*args, **kwargs)
-            run.live["buffer"] = self
-
-    monkeypatch.setattr(module, "DatasetBuffer", RecordingDataset)
+    record_buffer(monkeypatch, run, module, "DatasetBuffer")
     return run, module.train, lambda run_dir: config_cls(resume=str(run_dir), quiet=True)
 
 

@@ -252,25 +252,31 @@ def check_run_files(run_dir: Path, config: SACConfig, final_eval_returns: np.nda
     assert [e.step for e in events.Scalars("losses/qf_loss")] == [300, 400, 500, 600]  # every log_freq 100 once updating
 
 
-def test_resume_after_kill_leaves_no_gap_or_duplicate(tmp_path):
-    args = ["--env-id", "InvertedPendulum-v5", "--total-timesteps", "4000", "--learning-starts", "300",
-            "--batch-size", "32", "--hidden-sizes", "32", "32", "--checkpoint-freq", "1000",
-            "--eval-freq", "0", "--eval-episodes", "2", "--normalize-obs", "--runs-dir", str(tmp_path), "--quiet"]
-    process = subprocess.Popen([sys.executable, "-m", "keelrl.agents.sac", *args], cwd=REPO,
-                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    deadline = time.time() + 120
-    run_dir = None
+def killed_past(module: str, args: list[str], runs_dir: Path, step: int = 1300) -> Path:
+    """The run directory of `python -m module *args` (its --runs-dir `runs_dir`), killed with SIGKILL once it holds a
+    checkpoint and an episode ended past `step`."""
+    process = subprocess.Popen([sys.executable, "-m", module, *args], cwd=REPO, stdout=subprocess.DEVNULL,
+                               stderr=subprocess.PIPE)
+    deadline, run_dir = time.time() + 120, None
     while time.time() < deadline and process.poll() is None:
-        runs = list(tmp_path.iterdir())
+        runs = list(runs_dir.iterdir())
         if runs and (runs[0] / "checkpoint.pt").exists():
             run_dir = runs[0]
             rows = read_episodes(run_dir)
-            if rows and int(rows[-1]["global_step"]) > 1300:
+            if rows and int(rows[-1]["global_step"]) > step:
                 break
         time.sleep(0.05)
     process.send_signal(signal.SIGKILL)
     process.wait()
     assert run_dir is not None, process.stderr.read().decode()
+    return run_dir
+
+
+def test_resume_after_kill_leaves_no_gap_or_duplicate(tmp_path):
+    args = ["--env-id", "InvertedPendulum-v5", "--total-timesteps", "4000", "--learning-starts", "300",
+            "--batch-size", "32", "--hidden-sizes", "32", "32", "--checkpoint-freq", "1000",
+            "--eval-freq", "0", "--eval-episodes", "2", "--normalize-obs", "--runs-dir", str(tmp_path), "--quiet"]
+    run_dir = killed_past("keelrl.agents.sac", args, tmp_path)
     checkpoint_step = torch.load(run_dir / "checkpoint.pt", weights_only=True)["global_step"]
     assert 1000 <= checkpoint_step < 4000
     before = read_episodes(run_dir)

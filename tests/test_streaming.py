@@ -5,11 +5,6 @@ import csv
 import json
 import math
 import re
-import signal
-import subprocess
-import sys
-import time
-from pathlib import Path
 
 import gymnasium as gym
 import numpy as np
@@ -33,8 +28,8 @@ from keelrl.envs.streaming_wrappers import (
     stream_env_state,
 )
 from keelrl.networks.streaming import ObGD, StreamMLP, sparse_init_
+from test_sac import killed_past, read_episodes
 
-REPO = Path(__file__).resolve().parents[1]
 
 
 def set_grads(params, grads):
@@ -338,11 +333,6 @@ def tiny(config_cls, tmp_path, **overrides):
     return config_cls(**{**settings, **overrides})
 
 
-def read_episodes(run_dir: Path) -> list[dict]:
-    with (run_dir / "episodes.csv").open() as f:
-        return list(csv.DictReader(f))
-
-
 def test_stream_q_runs_are_reproducible_and_complete(tmp_path):
     first = train_q(tiny(StreamQConfig, tmp_path / "a", seed=3))
     second = train_q(tiny(StreamQConfig, tmp_path / "b", seed=3))
@@ -386,20 +376,7 @@ def test_resume_after_kill_leaves_no_gap_or_duplicate(tmp_path):
     args = ["--env-id", "CartPole-v1", "--total-timesteps", "5000", "--hidden-sizes", "16", "16",
             "--checkpoint-freq", "1000", "--eval-freq", "0", "--eval-episodes", "2", "--runs-dir", str(tmp_path),
             "--quiet"]
-    process = subprocess.Popen([sys.executable, "-m", "keelrl.agents.stream_q", *args], cwd=REPO,
-                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    deadline, run_dir = time.time() + 120, None
-    while time.time() < deadline and process.poll() is None:
-        runs = list(tmp_path.iterdir())
-        if runs and (runs[0] / "checkpoint.pt").exists():
-            run_dir = runs[0]
-            rows = read_episodes(run_dir)
-            if rows and int(rows[-1]["global_step"]) > 1300:
-                break
-        time.sleep(0.05)
-    process.send_signal(signal.SIGKILL)
-    process.wait()
-    assert run_dir is not None, process.stderr.read().decode()
+    run_dir = killed_past("keelrl.agents.stream_q", args, tmp_path)
     checkpoint = torch.load(run_dir / "checkpoint.pt", weights_only=True)
     assert 1000 <= checkpoint["global_step"] < 5000
     assert set(checkpoint["env"]) == {"obs_normalizer", "reward_scaler"}
