@@ -8,8 +8,8 @@ from __future__ import annotations
 import importlib
 from types import ModuleType
 
-ALGORITHMS = {"sac": "SAC", "td3": "TD3", "sac_lag": "SACLag", "td3_lag": "TD3Lag", "ppo": "PPO", "ppo_lag": "PPOLag",
-              "cql": "CQL", "iql": "IQL", "riql": "RIQL", "wsrl": "WSRL", "stream_td": "StreamTD",
+ALGORITHMS = {"sac": "SAC", "td3": "TD3", "mrq": "MRQ", "sac_lag": "SACLag", "td3_lag": "TD3Lag", "ppo": "PPO",
+              "ppo_lag": "PPOLag", "cql": "CQL", "iql": "IQL", "riql": "RIQL", "wsrl": "WSRL", "stream_td": "StreamTD",
               "stream_q": "StreamQ", "stream_ac": "StreamAC", "grpo": "GRPO"}
 """Every agent: the name its runs record and its module under keelrl.agents carries -> its agent class."""
 

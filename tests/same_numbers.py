@@ -38,6 +38,10 @@ LOGS = ("episodes.csv", "eval.csv", "weights.txt")
 OFF_POLICY = dict(env_id="InvertedPendulum-v5", total_timesteps=600, learning_starts=200, batch_size=32,
                   hidden_sizes=(32, 32), buffer_size=10_000, eval_freq=300, eval_episodes=2, checkpoint_freq=300,
                   log_freq=100, threads=1, quiet=True)
+MRQ = dict(env_id="InvertedPendulum-v5", total_timesteps=600, learning_starts=200, batch_size=32, buffer_size=10_000,
+           zs_dim=32, zsa_dim=32, za_dim=16, enc_hidden_dim=32, value_hidden_dim=32, policy_hidden_dim=32,
+           target_update_freq=50, eval_freq=300, eval_episodes=2, checkpoint_freq=300, log_freq=100, threads=1,
+           quiet=True)
 SAFE = dict(OFF_POLICY, env_id="keelrl/SafeHopperVelocity-v1", cost_limit=1.0, lambda_lr=0.05)
 OFFLINE = dict(env_id="InvertedPendulum-v5", total_updates=120, batch_size=32, hidden_sizes=(32, 32), eval_freq=60,
                eval_episodes=2, checkpoint_freq=60, log_freq=30, threads=1, quiet=True)
@@ -67,6 +71,7 @@ def run(case: str, runs_dir: Path, seed: int = 1) -> Path:
         cql,
         grpo,
         iql,
+        mrq,
         ppo,
         ppo_lag,
         riql,
@@ -92,6 +97,7 @@ def run(case: str, runs_dir: Path, seed: int = 1) -> Path:
         "td3_simba_c51": lambda: td3.train(td3.TD3Config(
             **OFF_POLICY, network="simba", critic_head="c51", scale_rewards=True, actor_hidden_dim=16,
             critic_hidden_dim=32, critic_num_blocks=1, num_bins=21, **common)),
+        "mrq": lambda: mrq.train(mrq.MRQConfig(**MRQ, **common)),
         "sac_lag": lambda: sac_lag.train(sac_lag.SACLagConfig(**SAFE, **common)),
         "td3_lag": lambda: td3_lag.train(td3_lag.TD3LagConfig(**SAFE, **common)),
         "cql": lambda: cql.train(cql.CQLConfig(**OFFLINE, cql_n_actions=4, **data)),
@@ -120,8 +126,8 @@ def run(case: str, runs_dir: Path, seed: int = 1) -> Path:
     return configs[case]().run_dir
 
 
-CASES = ("sac", "sac_simbav2_hlgauss", "td3", "td3_simba_c51", "sac_lag", "td3_lag", "cql", "iql", "riql", "wsrl",
-         "ppo", "ppo_lag", "stream_td", "stream_q", "stream_ac", "grpo")
+CASES = ("sac", "sac_simbav2_hlgauss", "td3", "td3_simba_c51", "mrq", "sac_lag", "td3_lag", "cql", "iql", "riql",
+         "wsrl", "ppo", "ppo_lag", "stream_td", "stream_q", "stream_ac", "grpo")
 
 
 def write_weight_digest(run_dir: Path) -> None:

@@ -12,7 +12,7 @@ from keelrl.agents import sac
 from keelrl.benchmarks import leaderboard, make_datasets
 
 TASK = "InvertedPendulum-v5"
-AGENTS = "sac, td3, sac_lag, td3_lag, ppo, ppo_lag, cql, iql, riql, wsrl, stream_td, stream_q, stream_ac, grpo"
+AGENTS = "sac, td3, mrq, sac_lag, td3_lag, ppo, ppo_lag, cql, iql, riql, wsrl, stream_td, stream_q, stream_ac, grpo"
 """keelrl.agents.registry's agents, as the refusal of an unknown one lists them"""
 
 
