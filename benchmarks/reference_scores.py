@@ -191,7 +191,7 @@ SCORE_RANGES: dict[str, ScoreRange] = {
     "cartpole": ScoreRange("cartpole", 0.0, 500.0,
                            "the env's own bounds: gymnasium's CartPole-v1 gives +1 per step and ends at 500 steps, "
                            "its max_episode_steps"),
-    **{task: ScoreRange(task, 0.0, 1.0, RLVR_SOURCE) for task in ("add", "chain", "sort", "countdown")},
+    **{task: ScoreRange(task, 0.0, 1.0, RLVR_SOURCE) for task in ("add", "chain", "sort", "countdown", "word")},
     # listed one by one, so that the robot fallback of `score_range` never gives DMC's hopper-hop Gym Hopper's range
     **{task: ScoreRange(task, 0.0, 1000.0, DMC_SOURCE) for task in DMC_TASKS},
 }

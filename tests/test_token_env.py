@@ -165,7 +165,7 @@ def test_countdown_verifier_rules():
     assert evaluate_expression("__import__('os')") is None and evaluate_expression("(1+") is None
 
 
-@pytest.mark.parametrize("name,size", [("add", 2), ("chain", 3), ("sort", 4), ("countdown", 3)])
+@pytest.mark.parametrize("name,size", [("add", 2), ("chain", 3), ("sort", 4), ("countdown", 3), ("word", 3)])
 def test_tasks_solutions_verify_and_random_answers_are_well_formed(name, size):
     task = make_task(name, size=size, max_value=9)
     rng = np.random.default_rng(0)
@@ -175,7 +175,7 @@ def test_tasks_solutions_verify_and_random_answers_are_well_formed(name, size):
         TOKENIZER.encode(problem.prompt + task.random_answer(problem, rng))  # every character is in the vocabulary
     problem = task.sample(rng)
     answers = [task.random_answer(problem, rng) for _ in range(200)]
-    if name in ("add", "chain"):
+    if name in ("add", "chain", "word"):
         assert all(a.lstrip("-").isdigit() for a in answers)
         assert len(set(answers)) > 10  # random: accuracy starts near chance after a format warm-up
     if name == "sort":
@@ -184,17 +184,25 @@ def test_tasks_solutions_verify_and_random_answers_are_well_formed(name, size):
         assert all(evaluate_expression(a) is not None for a in answers)
 
 
-def test_train_and_heldout_splits_are_disjoint_fixed_and_of_the_stated_size():
-    task = make_task("add", heldout_fraction=0.2)
-    heldout = task.problems("heldout", 100, seed=0)
-    train = task.problems("train", 100, seed=5)
-    assert len(heldout) + len(train) == 100  # every single-digit a+b, each in exactly one split
-    assert not {p.prompt for p in heldout} & {p.prompt for p in train}
-    assert 10 <= len(heldout) <= 30
-    assert [p.prompt for p in task.problems("heldout", 100, seed=0)] == [p.prompt for p in heldout]
+def test_train_validation_and_heldout_splits_are_disjoint_fixed_and_of_the_stated_size():
+    task = make_task("add", heldout_fraction=0.2, validation_fraction=0.1)
+    every = [f"{a}+{b}=" for a in range(10) for b in range(10)]
+    sizes = {name: [split_of(prompt, 0.2, 0.1) for prompt in every].count(name) for name in ("heldout", "validation")}
+    assert 10 <= sizes["heldout"] <= 30 and 3 <= sizes["validation"] <= 20
+    heldout = task.problems("heldout", sizes["heldout"], seed=0)
+    validation = task.problems("validation", sizes["validation"], seed=3)
+    train = task.problems("train", 100 - sum(sizes.values()), seed=5)
+    splits = [{p.prompt for p in split} for split in (heldout, validation, train)]
+    assert set().union(*splits) == set(every)  # every single-digit a+b, each in exactly one split
+    assert not splits[0] & splits[1] and not splits[0] & splits[2] and not splits[1] & splits[2]
+    assert all(task.split(p) == "validation" for p in validation)
+    assert [p.prompt for p in task.problems("heldout", len(heldout), seed=0)] == [p.prompt for p in heldout]
     big = make_task("add", max_value=99, heldout_fraction=0.2)
-    shares = [split_of(f"{a}+{b}=", 0.2) == "heldout" for a in range(100) for b in range(100)]
-    assert abs(np.mean(shares) - 0.2) < 0.02
+    prompts = [f"{a}+{b}=" for a in range(100) for b in range(100)]
+    named = [split_of(prompt, 0.2, 0.1) for prompt in prompts]
+    assert abs(named.count("heldout") / 1e4 - 0.2) < 0.02 and abs(named.count("validation") / 1e4 - 0.1) < 0.02
+    # the held-out split does not depend on the validation share
+    assert [split_of(prompt, 0.2) == "heldout" for prompt in prompts] == [name == "heldout" for name in named]
     assert len(big.problems("heldout", 50, seed=1)) == 50
 
 
