@@ -154,7 +154,8 @@ def test_the_gpu_page_is_what_page_py_makes_of_the_committed_gpu_files(tmp_path,
                 shutil.copy(table, tmp_path / "leaderboard")
         cpu_cells.append(tmp_path / "leaderboard" / cells.name)
     made = page.write_page(page.Args(results=tuple(REPO / folder for folder in args.results), out=tmp_path / "gpu.md",
-                                     leases=REPO / args.leases if args.leases else None, cpu_cells=tuple(cpu_cells)))
+                                     leases=REPO / args.leases if args.leases else None, cpu_cells=tuple(cpu_cells),
+                                     turns=REPO / args.turns if args.turns else None))
     lines = [line for line in made.read_text().splitlines() if not line.startswith(page.MADE_BY)]
     same_lines([line for line in committed.splitlines() if not line.startswith(page.MADE_BY)], lines, "gpu.md")
 
