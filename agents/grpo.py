@@ -3,7 +3,7 @@
 Run:     python -m keelrl.agents.grpo --task add            (the defaults: about 3 minutes on one CPU core)
          python -m keelrl.agents.grpo --model smollm2-135m --task add --loss-type dapo --context-length 128 \
              --max-new-tokens 16 --warmup-steps 0 --learning-rate 1e-6 --num-prompts 8 --group-size 8
-Import:  from keelrl.agents.grpo import GRPO, GRPOConfig, train, evaluate
+Import:  from keelrl.agents.grpo import GRPO, GRPOConfig, train, heldout_metrics
 
 The algorithm, top to bottom:
 - the policy is a causal LM (keelrl.networks.lm_policy.LMPolicy): a tiny GPT-2 with a character
@@ -663,7 +663,7 @@ def collect(agent: GRPO, env: GroupTokenEnv) -> tuple[Completions | None, torch.
     return batch, rewards, stats
 
 
-def evaluate(agent: GRPO, task: Task, problems: list[Problem], samples: int = 8, k: int = 4) -> dict[str, float]:
+def heldout_metrics(agent: GRPO, task: Task, problems: list[Problem], samples: int = 8, k: int = 4) -> dict[str, float]:
     """Greedy accuracy, pass@1 and unbiased pass@k (from `samples` sampled completions) on `problems`.
 
     A completion is correct when its reward is at least 1. Also returns the per-problem greedy rewards
@@ -734,10 +734,10 @@ def train(config: GRPOConfig) -> GRPOResult:
                    config.max_new_tokens, config.context_length, "--context-length")
         history: list[dict[str, float]] = []
 
-        def evaluate_now() -> tuple[np.ndarray, None]:
-            """Greedy rewards on the held-out prompts; pass@1, pass@k and accuracy logged beside them and kept in
-            the history."""
-            metrics = evaluate(agent, task, heldout, config.eval_samples, config.pass_k)
+        def evaluate_now(agent: GRPO, eval_seed: int) -> tuple[np.ndarray, None]:
+            """Greedy rewards on the held-out prompts (the same for every seed: `eval_seed` is not used); pass@1,
+            pass@k and accuracy logged beside them and kept in the history."""
+            metrics = heldout_metrics(agent, task, heldout, config.eval_samples, config.pass_k)
             greedy_rewards = metrics.pop("greedy_rewards")
             run.logger.scalars({f"eval/{name}": value for name, value in metrics.items()}, run.step)
             history.append({"iteration": run.step, "minutes": (time.perf_counter() - start_time) / 60, **metrics})
@@ -754,7 +754,7 @@ def train(config: GRPOConfig) -> GRPOResult:
         if not run.resumed:
             warmup_loss = agent.warmup(task, np.random.default_rng(config.seed))
             agent.freeze_reference()
-            run.log_evaluation()
+            run.evaluate_and_record()
             if config.warmup_steps > 0:  # (no warm-up, no loss: a pretrained model starts RL at once)
                 run.logger.scalars({"losses/warmup_loss": warmup_loss}, run.step)
         loop_start = time.perf_counter()

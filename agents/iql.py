@@ -43,6 +43,7 @@ from keelrl.agents.harness.options import (
     run_cli,
     validate_run_options,
 )
+from keelrl.agents.harness.run_directory import DATASET_FILE
 from keelrl.buffers import Batch
 from keelrl.buffers.corruption import Policy, QFunction
 from keelrl.buffers.offline import (
@@ -311,9 +312,9 @@ def train(config: IQLConfig) -> TrainResult:
         agent.to(config.device)
         buffer = DatasetBuffer(data, config.gamma, config.device, seed=config.seed)
         eval_seed = evaluation_seed(config.seed, config.eval_episodes)  # evaluation episode i is seeded eval_seed + i
-        run.start(env_id, agent, evaluate=lambda: evaluate(agent, env_id, config.eval_episodes, eval_seed),
+        run.start(env_id, agent, lambda agent, eval_seed: evaluate(agent, env_id, config.eval_episodes, eval_seed),
                   state={"sampler": (buffer.generator.get_state, buffer.generator.set_state)},
-                  reference_returns=summary["ref_scores"], files={"dataset.json": json.dumps(summary, indent=2)},
+                  reference_returns=summary["ref_scores"], files={DATASET_FILE: json.dumps(summary, indent=2)},
                   video=gym_video(env_id, lambda obs: agent.act(obs, deterministic=True), eval_seed))
         for _ in run.steps():
             run.log(agent.update(buffer.sample(config.batch_size)))

@@ -497,7 +497,8 @@ def train(config: MRQConfig) -> TrainResult:
         action_rng = np.random.default_rng(config.seed)
         eval_seed = evaluation_seed(config.seed, config.eval_episodes)  # evaluation episode i: eval_seed + i
         run.start(config.env_id, agent, numpy_rng=action_rng, replay=buffer,
-                  evaluate=lambda: evaluate(agent, config.env_id, config.eval_episodes, eval_seed),
+                  play_evaluation=lambda agent, eval_seed: evaluate(agent, config.env_id, config.eval_episodes,
+                                                                    eval_seed),
                   video=gym_video(config.env_id, lambda obs: agent.act(obs, deterministic=True), eval_seed))
 
         obs, _ = env.reset()

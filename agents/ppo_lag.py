@@ -169,7 +169,8 @@ def train(config: PPOLagConfig) -> TrainResult:
         obs, _ = env.reset()
         # evaluation episode i of a seed is seeded eval_seed + i (SeedRuns gives each seed its own)
         run.start(config.env_id, agent, numpy_rng=agent.rng, state=rollout_state(run, env, rollout),
-                  evaluate=lambda agent, eval_seed: evaluate(agent, config.env_id, config.eval_episodes, eval_seed),
+                  play_evaluation=lambda agent, eval_seed: evaluate(
+                      agent, config.env_id, config.eval_episodes, eval_seed),
                   video=lambda agent, eval_seed: gym_video(
                       config.env_id, lambda obs: agent.act(obs, deterministic=True), eval_seed))
         policy = agent.rollout_policy()  # taken after a resumed run's weights are loaded

@@ -182,12 +182,12 @@ def train(config: StreamACConfig) -> TrainResult:
             agent = StreamAC(env.observation_space.shape[0], env.unwrapped.action_space, config)
             eval_seed = evaluation_seed(config.seed, config.eval_episodes)  # evaluation episode i: eval_seed + i
 
-            def evaluate_now() -> tuple[np.ndarray, np.ndarray]:
+            def play_evaluation(agent: StreamAC, eval_seed: int) -> tuple[np.ndarray, np.ndarray]:
                 """Evaluate on the statistics the agent learnt so far (also what model.pt keeps)."""
                 agent.env_state = stream_env_state(env)
                 return evaluate(agent, config.env_id, config.eval_episodes, eval_seed)
 
-            run.start(config.env_id, agent, evaluate_now, numpy_rng=agent.rng,
+            run.start(config.env_id, agent, play_evaluation, numpy_rng=agent.rng,
                       state={"env": (lambda: stream_env_state(env), lambda saved: load_stream_env_state(env, saved))},
                       video=VideoSource(
                           lambda: frozen_stream_env(stream_env_for(config, rendering=True), agent.env_state),

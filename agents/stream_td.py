@@ -280,7 +280,7 @@ def train(config: StreamTDConfig) -> TrainResult:
             value_rmses = []  # of every evaluation
             eval_seed = evaluation_seed(config.seed, config.eval_episodes)  # evaluation episode i: eval_seed + i
 
-            def evaluate_now() -> tuple[np.ndarray, np.ndarray]:
+            def play_evaluation(agent: StreamTD, eval_seed: int) -> tuple[np.ndarray, np.ndarray]:
                 """Evaluate on the statistics the agent learnt so far (also what model.pt keeps)."""
                 agent.env_state = stream_env_state(env)
                 returns, costs, value_rmse = value_error(agent, config.env_id, config.eval_episodes, eval_seed)
@@ -288,7 +288,7 @@ def train(config: StreamTDConfig) -> TrainResult:
                 value_rmses.append(value_rmse)
                 return returns, costs
 
-            run.start(config.env_id, agent, evaluate_now, numpy_rng=agent.rng,
+            run.start(config.env_id, agent, play_evaluation, numpy_rng=agent.rng,
                       state={"env": (lambda: stream_env_state(env), lambda saved: load_stream_env_state(env, saved))},
                       video=VideoSource(
                           lambda: frozen_stream_env(stream_env_for(config, rendering=True), agent.env_state),

@@ -129,7 +129,8 @@ def train(config: TD3LagConfig) -> TrainResult:
         action_rng = run.numpy_rng()
         # evaluation episode i of a seed is seeded eval_seed + i (SeedRuns gives each seed its own)
         run.start(config.env_id, agent, numpy_rng=action_rng, replay=buffer,
-                  evaluate=lambda agent, eval_seed: evaluate(agent, config.env_id, config.eval_episodes, eval_seed),
+                  play_evaluation=lambda agent, eval_seed: evaluate(
+                      agent, config.env_id, config.eval_episodes, eval_seed),
                   video=lambda agent, eval_seed: gym_video(
                       config.env_id, lambda obs: agent.act(obs, deterministic=True), eval_seed))
         if run.resumed and agent.reward_scaler is not None:

@@ -72,7 +72,7 @@ from keelrl.agents.harness.options import (
     run_cli,
     validate_run_options,
 )
-from keelrl.agents.harness.run_directory import CONFIG_FILE
+from keelrl.agents.harness.run_directory import CONFIG_FILE, DATASET_FILE
 from keelrl.buffers import Batch, ReplayBuffer
 from keelrl.envs import make_vec_env, play_episodes, require_box_actions
 from keelrl.envs.video import gym_video
@@ -92,7 +92,6 @@ PRETRAINED_ALGOS = ("cql",)
 """the agents whose runs WSRL fine-tunes"""
 ARCHITECTURE = ("hidden_sizes", "num_critics", "critic_subset_size", "layer_norm", "normalize_obs")
 """the options the networks take from the pre-trained run"""
-DATASET_FILE = "dataset.json"
 
 
 @dataclasses.dataclass
@@ -334,11 +333,12 @@ def train(config: WSRLConfig) -> TrainResult:
         if dataset is None:
             dataset = json.loads((Path(run.dir) / DATASET_FILE).read_text())
         run.start(config.env_id, agent, replay=buffer, reference_returns=dataset["ref_scores"],
-                  evaluate=lambda: evaluate(agent, config.env_id, config.eval_episodes, eval_seed),
+                  play_evaluation=lambda agent, eval_seed: evaluate(
+                      agent, config.env_id, config.eval_episodes, eval_seed),
                   files={DATASET_FILE: json.dumps(dataset)},
                   video=gym_video(config.env_id, lambda obs: agent.act(obs, deterministic=True), eval_seed))
         if not run.resumed:
-            run.log_evaluation()  # the pre-trained policy, at online step 0
+            run.evaluate_and_record()  # the pre-trained policy, at online step 0
 
         obs, _ = env.reset()
         with env:

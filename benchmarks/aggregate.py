@@ -26,18 +26,13 @@ from pathlib import Path
 
 import numpy as np
 
-from keelrl.agents.harness.run_directory import CONFIG_FILE
+from keelrl.agents.harness.logs import EPISODES_FILE, EVAL_FILE
+from keelrl.agents.harness.run_directory import CONFIG_FILE, DATASET_FILE
 from keelrl.benchmarks.reference_scores import normalized_score, score_source
 
 LAST_EPISODES = 10
 NORMALIZED_COLUMNS = ("normalized_score", "normalised_score")
 OFFLINE_SCORE_TAG = "eval/normalized_score"
-EVAL_FILE = "eval.csv"
-"""a run directory's row per evaluation (keelrl.agents.harness.logs writes it)"""
-EPISODES_FILE = "episodes.csv"
-"""a run directory's row per training episode (keelrl.agents.harness.logs writes it)"""
-DATASET_FILE = "dataset.json"
-"""a run directory's record of the offline dataset it learned from, with its reference returns"""
 CLEAN = "clean"
 FINISHED = "finished"
 NO_FINAL_EVAL = "no final evaluation"

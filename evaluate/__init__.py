@@ -25,6 +25,7 @@ import tyro
 
 from keelrl.agents.harness.checkpoints import MODEL_FILE, one_line, read_checkpoint, restoring
 from keelrl.agents.harness.options import parse_command_line
+from keelrl.agents.harness.run_directory import DATASET_FILE
 from keelrl.agents.registry import agent_class, agent_module
 from keelrl.envs.safety import reports_cost
 from keelrl.envs.streaming_wrappers import frozen_stream_env, stream_env_for
@@ -121,9 +122,9 @@ def check_saved_agent(state: dict[str, Any], model: Path) -> None:
 
 
 def saved_env_id(state: dict[str, Any], model: Path) -> str | None:
-    """The env the saved agent acts in: its config's env_id, else the run's dataset.json (offline agents)."""
+    """The env the saved agent acts in: its config's env_id, else the run's DATASET_FILE (offline agents)."""
     env_id = state["config"].get("env_id")
-    dataset_summary = model.parent / "dataset.json"
+    dataset_summary = model.parent / DATASET_FILE
     if env_id is None and dataset_summary.is_file():
         env_id = json.loads(dataset_summary.read_text()).get("env_id")
     return env_id
@@ -184,7 +185,7 @@ def evaluate_saved(config: EvaluateConfig) -> Evaluation:
     agent_module(algo)  # an algorithm keelrl does not have is refused here
     if algo == "grpo":
         raise ValueError(f"{model} is a GRPO language model: it has no environment to play; evaluate it with "
-                         f"keelrl.agents.grpo.evaluate on a task's held-out prompts.")
+                         f"keelrl.agents.grpo.heldout_metrics on a task's held-out prompts.")
     env_id = config.env_id or saved_env_id(state, model)
     if env_id is None:
         raise ValueError(f"{model} does not say which environment it acts in: give --env-id.")

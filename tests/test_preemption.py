@@ -21,7 +21,7 @@ import pytest
 import torch
 
 from keelrl.agents import sac
-from keelrl.agents.harness import checkpoints, loop
+from keelrl.agents.harness import checkpoints, loop, run_directory
 from keelrl.agents.harness.checkpoints import BUFFER_FILE, CHECKPOINT_FILE, NEXT_BUFFER_FILE, NEXT_CHECKPOINT_FILE
 from keelrl.agents.harness.options import run_cli
 from keelrl.agents.harness.run_directory import RunDirLock
@@ -403,13 +403,13 @@ def test_resume_of_a_directory_that_is_not_a_run_leaves_it_as_it_was(tmp_path, c
 def test_a_signal_while_the_run_starts_stops_it_after_its_first_step_with_a_checkpoint(tmp_path, monkeypatch, capsys):
     """A SIGTERM between the run directory's making and the loop (its handler came with `with run:`) ended the
     process at once: a directory with config.json only, which --resume called not a run."""
-    real_save_config = loop.save_config
+    real_save_config = run_directory.save_config
 
     def save_config_and_signal(run_dir, algo, config):
         real_save_config(run_dir, algo, config)
         os.kill(os.getpid(), signal.SIGTERM)
 
-    monkeypatch.setattr(loop, "save_config", save_config_and_signal)
+    monkeypatch.setattr(run_directory, "save_config", save_config_and_signal)
     args = [*SAC_ARGS, "--total-timesteps", "300", "--runs-dir", str(tmp_path), "--quiet"]
     assert run_cli(sac.train, sac.SACConfig, args=args) == 128 + signal.SIGTERM
     (run_dir,) = tmp_path.iterdir()

@@ -19,9 +19,9 @@ from keelrl.agents.grpo import (
     aggregate,
     clipped_policy_loss,
     collect,
-    evaluate,
     forking_mask,
     group_advantages,
+    heldout_metrics,
     informative_groups,
     k3_kl,
     rollout,
@@ -475,15 +475,15 @@ def test_wall_clock_limit_stops_the_run(tmp_path):
     assert result.global_step == 0 and (result.run_dir / "model.pt").is_file()
 
 
-def test_evaluate_reports_greedy_accuracy_and_pass_at_k():
+def test_heldout_metrics_report_greedy_accuracy_and_pass_at_k():
     pytest.importorskip("transformers")
     task = make_task("add")
     agent = GRPO(make_policy(), GRPOConfig(max_new_tokens=4, context_length=16))
     problems = task.problems("heldout", 6, seed=0)
-    metrics = evaluate(agent, AlwaysRight(), problems, samples=4, k=3)
+    metrics = heldout_metrics(agent, AlwaysRight(), problems, samples=4, k=3)
     assert metrics["greedy_accuracy"] == metrics["pass@1"] == metrics["pass@3"] == 1.0
     assert metrics["greedy_rewards"].shape == (6,)
-    metrics = evaluate(agent, task, problems, samples=4, k=3)  # an untrained model: (almost) never right
+    metrics = heldout_metrics(agent, task, problems, samples=4, k=3)  # an untrained model: (almost) never right
     assert metrics["pass@1"] <= metrics["pass@3"] <= 0.5
 
 

@@ -15,7 +15,8 @@ import torch
 
 from keelrl.agents import iql, ppo, sac, stream_q
 from keelrl.agents.harness.options import parse_command_line, run_cli
-from keelrl.benchmarks.make_datasets import MakeDatasetsConfig, dataset_id, with_quick
+from keelrl.benchmarks.dataset_options import MakeDatasetsConfig, with_quick
+from keelrl.benchmarks.make_datasets import dataset_id
 from keelrl.buffers.offline import MAKE_DATASETS, load_dataset
 from keelrl.envs.video import VideoUnavailable, offscreen_gl_backend
 from keelrl.evaluate import main as evaluate_main

@@ -9,9 +9,10 @@
                       command line: `parse_command_line` (any config dataclass, the benchmark scripts' too), and
                       `run_cli`, which trains an agent and turns a user's mistake into one line and exit code 2
     logs.py           TensorBoard (CleanRL's scalar names), episodes.csv and eval.csv, videos (--capture-video),
-                      W&B, the progress bar and lines
-    checkpoints.py    checkpoints (stamped with their replay buffer), model files, random states, and
-                      `SavedAgent`, the save/load methods every agent's networks share
+                      W&B, the progress bar and lines, the speeds (`Speeds`) and what a finished run prints
+    checkpoints.py    when a run checkpoints (`CheckpointPolicy`: steps, minutes, a stop signal), checkpoints
+                      (stamped with their replay buffer), model files, random states, and `SavedAgent`, the
+                      save/load methods every agent's networks share
     stopping.py       SIGTERM and Ctrl-C: finish the step, checkpoint, exit 128 + the signal number
 
 A module imports only modules listed below it, and none imports an agent. The registry of agents by name is
@@ -23,7 +24,7 @@ The loop contract, in ten lines (agents/iql.py and agents/stream_q.py have it wh
     run = Run(config, "sac", validate, total="total_timesteps")   # the config (under --resume, the saved one)
     with run:                                                     # at its end: logs closed, lock and signals freed
         env, agent, buffer = ...                                  # built from run.config
-        run.start(config.env_id, agent, evaluate=lambda: evaluate(agent, ...), numpy_rng=rng, replay=buffer)
+        run.start(config.env_id, agent, lambda agent, seed: evaluate(agent, ..., seed), numpy_rng=rng, replay=buffer)
         obs, _ = env.reset()                                      # (start restored a resumed run, held the signals)
         for global_step in run.steps(config.num_envs):            # logs, evaluates, checkpoints between iterations
             next_obs, rewards, terminated, truncated, info = env.step(agent.act(obs))

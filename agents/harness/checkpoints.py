@@ -1,4 +1,5 @@
-"""What a run saves, and reading it back: checkpoints (with the replay buffer as a stamped pair), model files,
+"""What a run saves, and when, and reading it back: the checkpoint policy (every `checkpoint_freq` steps, every
+`checkpoint_minutes`, after a stop signal), checkpoints (with the replay buffer as a stamped pair), model files,
 random states, and the agent methods that pack and save networks, written once.
 
 Files are written atomically (a temporary file, then a rename), so a kill mid-write keeps the previous one,
@@ -11,6 +12,7 @@ import contextlib
 import dataclasses
 import os
 import random
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -32,6 +34,53 @@ BUFFER_FILE = "buffer.pt"
 NEXT_BUFFER_FILE = "buffer.next.pt"
 """the replay buffer of the checkpoint being written, until that checkpoint is in place"""
 MODEL_FILE = "model.pt"
+
+
+def crossed(step: int, freq: int, advance: int) -> bool:
+    """Whether the loop's last `advance` steps, up to `step`, crossed a multiple of `freq` (0: never)."""
+    return bool(freq) and step % freq < advance
+
+
+class CheckpointClock:
+    """--checkpoint-minutes: whether a checkpoint is due by the clock at a loop step, the minutes counted from the
+    last checkpoint. The runs of a seed group share one, so that at each step they all decide alike."""
+
+    def __init__(self):
+        self._since = time.perf_counter()
+        self._decided = (-1, False)  # (step, due) of the latest decision
+
+    def due(self, step: int, minutes: float) -> bool:
+        if self._decided[0] != step:
+            self._decided = (step, minutes > 0 and time.perf_counter() - self._since >= 60 * minutes)
+        return self._decided[1]
+
+    def restart(self) -> None:
+        """A checkpoint was written (or the run started): the minutes count from now."""
+        self._since = time.perf_counter()
+
+
+class CheckpointPolicy:
+    """When a run checkpoints: every `freq` loop steps, every `minutes` by `clock` and after a stop signal; and the
+    step of the checkpoint on disk (None: none yet), which a run stopped by a non-finite value keeps."""
+
+    def __init__(self, freq: int, minutes: float, clock: CheckpointClock, step_on_disk: int | None):
+        self.freq, self.minutes, self.clock, self.step_on_disk = freq, minutes, clock, step_on_disk
+
+    def due(self, step: int, advance: int, stopping: bool) -> bool:
+        """Whether to checkpoint after the iteration of `advance` steps that reached `step`."""
+        return crossed(step, self.freq, advance) or stopping or self.clock.due(step, self.minutes)
+
+    def written(self, step: int) -> None:
+        """A checkpoint of `step` was written: the minutes count from now."""
+        self.step_on_disk = step
+        self.clock.restart()
+
+    def kept(self, unit: str, run_dir: Path) -> str:
+        """What a run stopped by a non-finite value keeps."""
+        if self.step_on_disk is None:
+            return "Training stopped before its first checkpoint."
+        return (f"Training stopped; the checkpoint of {unit} {self.step_on_disk} in {run_dir} is kept "
+                f"(--resume {run_dir} continues from it).")
 
 
 def write_atomically(path: Path, state: dict[str, Any]) -> None:

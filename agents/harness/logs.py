@@ -1,6 +1,6 @@
 """What a run writes down and shows while it trains: TensorBoard scalars with CleanRL's names, episodes.csv and
-eval.csv, videos of the policy (--capture-video), W&B (--track), and the progress a person watching sees (a bar
-on a terminal, plain lines elsewhere)."""
+eval.csv, videos of the policy (--capture-video), W&B (--track), the progress a person watching sees (a bar on a
+terminal, plain lines elsewhere), and the speeds it logs and reports."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import csv
 import dataclasses
 import math
 import re
+import shlex
 import sys
 import time
 from pathlib import Path
@@ -17,14 +18,21 @@ from typing import Any
 import numpy as np
 
 from keelrl.agents.harness.checkpoints import one_line
+from keelrl.buffers.offline import normalized_score
 from keelrl.envs.video import VideoSource, VideoUnavailable, film_episode, offscreen_gl_backend, write_mp4
 
+EPISODES_FILE = "episodes.csv"
+"""a run directory's row per training episode"""
+EVAL_FILE = "eval.csv"
+"""a run directory's row per evaluation"""
 VIDEO_INDEX = Path("videos") / "videos.csv"
 """a run's videos (--capture-video), a row each, relative to its directory"""
 
 
 class RunLogger:
-    """TensorBoard scalars (CleanRL names) plus episodes.csv and eval.csv in the run directory.
+    """TensorBoard scalars (CleanRL names) plus episodes.csv and eval.csv in the run directory; each evaluation
+    also logs the D4RL-normalised score against `reference_returns` (random, expert), and with `filming`
+    (--capture-video) films an episode.
 
     On resume from step S, rows and events after S (written before the interruption but not
     covered by the checkpoint) are dropped, so the logs have no gap and no duplicate. Resuming a run
@@ -37,15 +45,16 @@ class RunLogger:
     VIDEO_FIELDS = ["global_step", "file", "return", "cost", "length"]
     """videos/videos.csv's (`Filming`)"""
 
-    def __init__(self, run_dir: Path, resume_step: int | None = None, refinish: bool = False):
+    def __init__(self, run_dir: Path, resume_step: int | None = None, refinish: bool = False,
+                 reference_returns: tuple[float, float] | None = None, filming: Filming | None = None):
         from torch.utils.tensorboard import SummaryWriter
 
-        self.run_dir = run_dir
+        self.run_dir, self.reference_returns, self.filming = run_dir, reference_returns, filming
         # TensorBoard drops the earlier events at or after purge_step: those after S, or from S on when refinishing
         purge_step = None if resume_step is None else resume_step + (0 if refinish else 1)
         self.writer = SummaryWriter(str(run_dir), purge_step=purge_step)
-        self._episodes, _ = self._open_csv("episodes.csv", self.EPISODE_FIELDS, resume_step)
-        self._evals, kept = self._open_csv("eval.csv", self.EVAL_FIELDS, None if purge_step is None else purge_step - 1)
+        self._episodes, _ = self._open_csv(EPISODES_FILE, self.EPISODE_FIELDS, resume_step)
+        self._evals, kept = self._open_csv(EVAL_FILE, self.EVAL_FIELDS, None if purge_step is None else purge_step - 1)
         self.last_evaluation = float(kept[-1]["mean_return"]) if kept else float("nan")
         """the mean return of the latest evaluation kept from before a resume (NaN: none)"""
         if purge_step is not None and (run_dir / VIDEO_INDEX).is_file():  # the dropped evaluations' videos come again
@@ -90,7 +99,15 @@ class RunLogger:
         })
         handle.flush()
         self.scalars({"eval/episodic_return": returns.mean(), "eval/episodic_cost": costs.mean()}, step)
+        if self.reference_returns is not None:
+            self.scalars({"eval/normalized_score": self.score(returns)}, step)
         self.writer.flush()  # on disk now, as in eval.csv, not when the writer's queue or 2-minute timer next flushes
+        if self.filming is not None:
+            self.filming.film(self.run_dir, step, self.writer)
+
+    def score(self, returns: np.ndarray) -> float | None:
+        """The D4RL-normalised score of an evaluation's mean return (None: no reference returns)."""
+        return None if self.reference_returns is None else normalized_score(returns, *self.reference_returns).mean()
 
     def close(self) -> None:
         self.writer.close()
@@ -179,6 +196,66 @@ class Progress:
 
     def close(self) -> None:
         self.bar.close()
+
+
+class Speeds:
+    """A run's loop steps per second, counted from `start_step`: while it trains (charts/SPS, evaluations and
+    checkpoints left out), over its whole loop, and from its first update on."""
+
+    def __init__(self, start_step: int):
+        self.start_step = start_step
+        self.busy = 0.0
+        """seconds spent evaluating and checkpointing, left out of the logged speed"""
+        self.update_start: tuple[float, int] | None = None
+        """(time, step) of the first logged update"""
+        self._start_time = self._loop_end = float("nan")
+
+    def start(self) -> None:
+        self._start_time = time.perf_counter()
+
+    def updated(self, step: int) -> None:
+        """An update's losses were logged at `step`; the first call marks when updates began."""
+        if self.update_start is None:
+            self.update_start = (time.perf_counter(), step)
+
+    def end_loop(self) -> None:
+        self._loop_end = time.perf_counter()
+
+    def training(self, step: int) -> float:
+        """Since `start`, evaluations and checkpoints left out."""
+        elapsed = time.perf_counter() - self._start_time - self.busy
+        return (step - self.start_step) / max(elapsed, 1e-9)
+
+    def loop(self, step: int) -> float:
+        """Of this process's loop, evaluations and checkpoints in it included."""
+        return (step - self.start_step) / max(self._loop_end - self._start_time, 1e-9)
+
+    def updating(self, step: int) -> float:
+        """Of this process's loop from the first logged update on (NaN if none)."""
+        if self.update_start is None:
+            return float("nan")
+        start_time, start_step = self.update_start
+        return (step - start_step) / max(self._loop_end - start_time, 1e-9)
+
+    def summary(self, unit: str, step: int, last_advance: int) -> str:
+        """The speeds line a finished run prints: overall, and while updating where updates began after the first
+        iteration and before the last (`last_advance`: the steps of one)."""
+        line = f"{unit}s/s: {self.loop(step):.1f} overall"
+        if self.update_start is not None and self.start_step + last_advance < self.update_start[1] < step:
+            line += f", {self.updating(step):.1f} while updating"
+        return line
+
+
+def print_result(returns: np.ndarray, score: float | None, lines: tuple[str, ...], run_dir: Path,
+                 runs_dir: str) -> None:
+    """What a finished run prints: its final evaluation (and normalised score), `lines` (its speeds, the agent's own)
+    and where the run is."""
+    print(f"final evaluation return over {len(returns)} episodes: {returns.mean():.1f} ± {returns.std():.1f}")
+    if score is not None:
+        print(f"normalised score {score:.1f}")
+    for line in lines:
+        print(line)
+    print(f"run saved in {run_dir}; open the curves with: tensorboard --logdir {shlex.quote(str(Path(runs_dir)))}")
 
 
 def duration(seconds: float) -> str:

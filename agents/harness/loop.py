@@ -23,12 +23,14 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
 
 from keelrl.agents.harness.checkpoints import (
     CHECKPOINT_FILE,
     MODEL_FILE,
+    CheckpointClock,
+    CheckpointPolicy,
     commit_checkpoint,
+    crossed,
     non_finite_entry,
     read_replay,
     restore_rng_state,
@@ -36,14 +38,12 @@ from keelrl.agents.harness.checkpoints import (
     rng_state,
     write_checkpoint,
 )
-from keelrl.agents.harness.logs import Filming, Progress, RunLogger, import_wandb, start_wandb
-from keelrl.agents.harness.options import RunOptions, seed_everything, set_threads
-from keelrl.agents.harness.run_directory import RunDirLock, new_run_dir, save_config, start_or_resume
+from keelrl.agents.harness.logs import Filming, Progress, RunLogger, Speeds, import_wandb, print_result, start_wandb
+from keelrl.agents.harness.options import RunOptions, TorchSettings, evaluation_seed, seed_everything
+from keelrl.agents.harness.run_directory import RunDirLock, make_run_dir, start_or_resume
 from keelrl.agents.harness.stopping import RunStopped, StopSignals, signal_name
 from keelrl.buffers import ReplayBuffer
-from keelrl.buffers.offline import normalized_score
 from keelrl.envs.video import VideoSource
-from keelrl.networks.training import set_float32_matmuls
 
 UNITS = {"total_timesteps": "step", "total_updates": "update", "iterations": "iteration"}
 """What one loop step of a run is, by the option that counts them (offline agents count updates, and have no
@@ -77,24 +77,6 @@ class TrainResult:
     @property
     def final_eval_return(self) -> float:
         return float(np.mean(self.final_eval_returns))
-
-
-class CheckpointClock:
-    """--checkpoint-minutes: whether a checkpoint is due by the clock at a loop step, the minutes counted from the
-    last checkpoint. The runs of a seed group share one, so that at each step they all decide alike."""
-
-    def __init__(self):
-        self._since = time.perf_counter()
-        self._decided = (-1, False)  # (step, due) of the latest decision
-
-    def due(self, step: int, minutes: float) -> bool:
-        if self._decided[0] != step:
-            self._decided = (step, minutes > 0 and time.perf_counter() - self._since >= 60 * minutes)
-        return self._decided[1]
-
-    def restart(self) -> None:
-        """A checkpoint was written (or the run started): the minutes count from now."""
-        self._since = time.perf_counter()
 
 
 @dataclasses.dataclass
@@ -132,7 +114,7 @@ class Run:
             self._release_lock()
             raise
         self.algo, self.total, self.unit = algo, getattr(self.config, total), UNITS[total]
-        self.step = self.start_step = 0 if self.checkpoint is None else int(self.checkpoint["global_step"])
+        self.step = 0 if self.checkpoint is None else int(self.checkpoint["global_step"])
         self.recent_return = self.recent_evaluation = float("nan")
         """the latest training return and evaluation (what progress shows)"""
         self.final_evaluation: tuple[np.ndarray, np.ndarray] | None = None
@@ -141,21 +123,15 @@ class Run:
         self.progress: Progress | None = None
         self._losses: dict[str, Any] = {}
         self._last_advance = 1
-        self._busy = 0.0  # seconds spent evaluating and checkpointing, left out of the logged speed
-        self._start_time = self._loop_end = float("nan")
-        self._update_start: tuple[float, int] | None = None  # (time, step) of the first logged update
-        self._checkpoint_step = self.step if self.resumed else None  # of the checkpoint on disk
+        self._speeds = Speeds(self.step)
         self._lockstep = lockstep  # a seed group's, which enters the stop signals itself and commits checkpoints
-        self._stop_signals, self._clock = (StopSignals(), CheckpointClock()) if lockstep is None else (
+        self._stop_signals, clock = (StopSignals(), CheckpointClock()) if lockstep is None else (
             lockstep.stop_signals, lockstep.clock)
+        self._checkpoints = CheckpointPolicy(self.config.checkpoint_freq, self.config.checkpoint_minutes, clock,
+                                             self.step if self.resumed else None)
         self._uncommitted = False  # a seed group's checkpoint written and not yet in place
-        self._filming: Filming | None = None
         self._wandb = None
-        self._threads_before = torch.get_num_threads()  # given back at the end: a caller's own setting stays
-        set_threads(self.config.threads)
-        # the agents with --precision: tf32 runs CUDA's float32 matrix products on tensor cores, forward and backward
-        self._float32_matmuls_before = (None if not hasattr(self.config, "precision")
-                                        else set_float32_matmuls(self.config.precision))
+        self._torch_settings = TorchSettings(self.config)  # given back at the end
         seed_everything(self.config.seed)
 
     @property
@@ -166,8 +142,8 @@ class Run:
     def done(self) -> bool:
         return self.step >= self.total
 
-    def start(self, name: str, agent: Any, evaluate: Callable[[], tuple[np.ndarray, np.ndarray | None]], *,
-              numpy_rng: np.random.Generator | None = None, replay: ReplayBuffer | None = None,
+    def start(self, name: str, agent: Any, play_evaluation: Callable[[Any, int], tuple[np.ndarray, np.ndarray | None]],
+              *, numpy_rng: np.random.Generator | None = None, replay: ReplayBuffer | None = None,
               state: dict[str, Saved] | None = None, reference_returns: tuple[float, float] | None = None,
               files: dict[str, str] | None = None, video: VideoSource | None = None) -> None:
         """Say what the run checkpoints and how it evaluates, restore it all when resuming (a damaged checkpoint:
@@ -178,42 +154,37 @@ class Run:
         checkpoint.
 
         agent: has `training_state()`, `load_training_state(state)` and `save(path)`.
-        evaluate: plays the evaluation episodes; their returns and costs (None: no costs).
+        play_evaluation(agent, eval_seed): plays the agent's evaluation episodes, episode i seeded eval_seed + i
+            (`evaluation_seed` of the run's seed); their returns and costs (None: no costs).
         numpy_rng: the loop's numpy generator (default: one seeded with the run's seed).
         replay: the replay buffer, saved as buffer.pt beside each checkpoint.
         state: name -> (its state now, restore a saved state), for anything else a checkpoint must keep.
         reference_returns: (random, expert) returns: evaluations also log the D4RL-normalised score.
         video: what --capture-video films after each evaluation (None: the agent has no env to film).
         """
-        self._agent, self._evaluate, self._replay, self._state = agent, evaluate, replay, state or {}
+        self._agent, self._play_evaluation, self._replay, self._state = agent, play_evaluation, replay, state or {}
         self._numpy_rng = np.random.default_rng(self.config.seed) if numpy_rng is None else numpy_rng
-        self._reference_returns = reference_returns
         if self._lockstep is None:  # held from before the run directory is made: a stop now checkpoints too
             self._stop_signals.__enter__()
         if self.resumed:
             self._restore()
         if self.config.track:
             import_wandb()  # a missing package is said before a run directory is made
-        if self.config.capture_video:
-            if video is None:
-                raise ValueError(f"--capture-video films an environment, and {self.algo} has none to film.")
-            self._filming = Filming(video)
+        if self.config.capture_video and video is None:
+            raise ValueError(f"--capture-video films an environment, and {self.algo} has none to film.")
+        filming = Filming(video) if self.config.capture_video else None
         if self.dir is None:
-            self.dir = new_run_dir(self.config.runs_dir, name, self.algo, self.config.seed)
-            if self._lock is not None:
-                self._lock.add(self.dir)
-            save_config(self.dir, self.algo, self.config)
-            for file_name, text in (files or {}).items():
-                (self.dir / file_name).write_text(text)
+            self.dir = make_run_dir(self.config, name, self.algo, self._lock, files or {})
         if self.config.track:
             self._wandb = start_wandb(self.config, self.algo, self.dir)  # before the TensorBoard writer it follows
         # a resumed run killed after its last checkpoint, before model.pt, is finished again
-        self.logger = RunLogger(self.dir, self.step if self.resumed else None, refinish=self.resumed and self.done)
+        self.logger = RunLogger(self.dir, self.step if self.resumed else None, refinish=self.resumed and self.done,
+                                reference_returns=reference_returns, filming=filming)
         self.recent_evaluation = self.logger.last_evaluation  # a resumed run's progress shows it from the start
         self.progress = Progress(self.algo, self.unit, self.total, self.step, self.config.quiet,
                                  self.config.progress_seconds)
-        self._start_time = time.perf_counter()
-        self._clock.restart()
+        self._speeds.start()
+        self._checkpoints.clock.restart()
 
     def _release_lock(self) -> None:
         """Let another process (or a later call in this one) resume the run: at its end, or when it failed to
@@ -245,9 +216,7 @@ class Run:
         if self._wandb is not None:
             self._wandb.finish()
         self._release_lock()
-        torch.set_num_threads(self._threads_before)
-        if self._float32_matmuls_before is not None:
-            torch.set_float32_matmul_precision(self._float32_matmuls_before)
+        self._torch_settings.restore()
         if isinstance(exc, FloatingPointError) and not isinstance(exc, NonFinite):  # from the env or its wrappers
             raise NonFinite(f"{exc} (global step {self.step}). {self._kept()}") from None
 
@@ -262,7 +231,7 @@ class Run:
             self._last_advance = per_iteration
             yield global_step
             self.progress.advance(self.step, per_iteration, self.recent_return, self.recent_evaluation)
-            if self._due(self.config.log_freq):
+            if crossed(self.step, self.config.log_freq, self._last_advance):
                 self._write_losses()
             if stop_early is None or not stop_early():
                 self._between_iterations()
@@ -286,13 +255,8 @@ class Run:
 
     def log(self, losses: dict[str, Any]) -> None:
         """The latest update's losses (written every `log_freq` steps); the first call marks when updates began."""
-        if self._update_start is None:
-            self._update_start = (time.perf_counter(), self.step)
+        self._speeds.updated(self.step)
         self._losses = losses
-
-    def _due(self, freq: int) -> bool:
-        """Whether the last iteration crossed a multiple of `freq` (0: never)."""
-        return bool(freq) and self.step % freq < self._last_advance
 
     def _write_losses(self) -> None:
         """The latest losses and the speed (charts/SPS); a loss (a name ending in _loss) that is not finite stops
@@ -300,7 +264,7 @@ class Run:
         for name, value in self._losses.items():
             if name.endswith("_loss") and not math.isfinite(float(value)):
                 raise NonFinite(f"{name} is {float(value)} at {self.unit} {self.step}: {DIVERGED}. {self._kept()}")
-        sps = self._speed()
+        sps = self._speeds.training(self.step)
         self.logger.scalars({**self._losses, "charts/SPS": sps}, self.step)
         self.progress.show(**({} if math.isnan(self.recent_return) else {"ret": f"{self.recent_return:.1f}"}),
                            sps=f"{sps:.0f}")
@@ -311,13 +275,12 @@ class Run:
         if self.done:
             return
         tick = time.perf_counter()
-        if self._due(self.config.eval_freq):
-            self.log_evaluation()
+        if crossed(self.step, self.config.eval_freq, self._last_advance):
+            self.evaluate_and_record()
         stopping = self._stop_signals.stopping_at(self.step)
-        if (self._due(self.config.checkpoint_freq) or stopping
-                or self._clock.due(self.step, self.config.checkpoint_minutes)):
+        if self._checkpoints.due(self.step, self._last_advance, stopping):
             self._checkpoint()
-        self._busy += time.perf_counter() - tick
+        self._speeds.busy += time.perf_counter() - tick
         if stopping:
             if self._lockstep is None:  # (a seed group says it once for all its seeds)
                 self.say_stopped()
@@ -329,18 +292,14 @@ class Run:
               f"checkpoint; continue with: python -m keelrl.agents.{self.algo} --resume {shlex.quote(str(self.dir))}"
               f"{of_what}", file=sys.stderr, flush=True)
 
-    def log_evaluation(self) -> tuple[np.ndarray, np.ndarray]:
+    def evaluate_and_record(self) -> tuple[np.ndarray, np.ndarray]:
         """Evaluate now (as between iterations, e.g. before the first), log the returns and costs (and the
         normalised score), film an episode with --capture-video; the returns and costs."""
-        returns, costs = self._evaluate()
+        eval_seed = evaluation_seed(self.config.seed, self.config.eval_episodes)
+        returns, costs = self._play_evaluation(self._agent, eval_seed)
         costs = np.zeros_like(returns) if costs is None else costs
         self.recent_evaluation = float(np.mean(returns))
         self.logger.evaluation(self.step, returns, costs)
-        if self._reference_returns is not None:
-            score = normalized_score(returns, *self._reference_returns).mean()
-            self.logger.scalars({"eval/normalized_score": score}, self.step)
-        if self._filming is not None:
-            self._filming.film(self.dir, self.step, self.logger.writer)
         return returns, costs
 
     def _checkpoint(self) -> None:
@@ -357,8 +316,7 @@ class Run:
         if self._lockstep is None:
             commit_checkpoint(self.dir)
         self._uncommitted = self._lockstep is not None
-        self._checkpoint_step = self.step
-        self._clock.restart()
+        self._checkpoints.written(self.step)
 
     def commit_checkpoint(self) -> None:
         """A seed group's run: put the checkpoint written since the last call, if any, in place."""
@@ -368,50 +326,24 @@ class Run:
 
     def _kept(self) -> str:
         """What a run stopped by a non-finite value keeps."""
-        if self._checkpoint_step is None:
-            return "Training stopped before its first checkpoint."
-        return (f"Training stopped; the checkpoint of {self.unit} {self._checkpoint_step} in {self.dir} is kept "
-                f"(--resume {self.dir} continues from it).")
+        return self._checkpoints.kept(self.unit, self.dir)
 
     def _finish(self) -> None:
         """The final evaluation, the last checkpoint and model.pt; a stop signal that came meanwhile lets it finish."""
-        self._loop_end = time.perf_counter()
-        self.final_evaluation = self.log_evaluation()
+        self._speeds.end_loop()
+        self.final_evaluation = self.evaluate_and_record()
         self._checkpoint()
         self._agent.save(self.dir / MODEL_FILE)
         if self._stop_signals.received is not None:
             print(f"{signal_name(self._stop_signals.received)} came after the last {self.unit}: the run finished "
                   f"first.", file=sys.stderr, flush=True)
 
-    def _speed(self) -> float:
-        """Loop steps per second since `start`, evaluations and checkpoints left out."""
-        elapsed = time.perf_counter() - self._start_time - self._busy
-        return (self.step - self.start_step) / max(elapsed, 1e-9)
-
-    def loop_speed(self) -> float:
-        """Loop steps per second of this process's loop, evaluations and checkpoints in it included."""
-        return (self.step - self.start_step) / max(self._loop_end - self._start_time, 1e-9)
-
-    def update_speed(self) -> float:
-        """Loop steps per second of this process's loop from the first logged update on (NaN if none)."""
-        if self._update_start is None:
-            return float("nan")
-        start_time, start_step = self._update_start
-        return (self.step - start_step) / max(self._loop_end - start_time, 1e-9)
-
     def result(self, *lines: str) -> TrainResult:
         """Print the final evaluation (and normalised score), the speeds, the caller's `lines` and where the run
         is; return what `train` returns."""
         returns, costs = self.final_evaluation
-        print(f"final evaluation return over {len(returns)} episodes: {returns.mean():.1f} ± {returns.std():.1f}")
-        if self._reference_returns is not None:
-            print(f"normalised score {normalized_score(returns, *self._reference_returns).mean():.1f}")
-        speeds = f"{self.unit}s/s: {self.loop_speed():.1f} overall"
-        if self._update_start is not None and self.start_step + self._last_advance < self._update_start[1] < self.step:
-            speeds += f", {self.update_speed():.1f} while updating"
-        for line in (speeds, *lines):
-            print(line)
-        print(f"run saved in {self.dir}; open the curves with: tensorboard --logdir "
-              f"{shlex.quote(str(Path(self.config.runs_dir)))}")
+        speeds = self._speeds.summary(self.unit, self.step, self._last_advance)
+        print_result(returns, self.logger.score(returns), (speeds, *lines), self.dir, self.config.runs_dir)
         return TrainResult(run_dir=self.dir, config=self.config, global_step=self.step, final_eval_returns=returns,
-                           sps=self.loop_speed(), update_sps=self.update_speed(), final_eval_costs=costs)
+                           sps=self._speeds.loop(self.step), update_sps=self._speeds.updating(self.step),
+                           final_eval_costs=costs)

@@ -24,6 +24,7 @@ import numpy as np
 import torch
 
 from keelrl.agents.harness.stopping import RunStopped
+from keelrl.networks.training import set_float32_matmuls
 
 # Measured on the project's 2-core machine (benchmarks/results/threads.md), SAC update 256-256,
 # batch 256: one thread takes 10-11 ms idle or beside a busy process; two threads take 6.2 ms idle
@@ -209,11 +210,22 @@ def apply_preset(config: Any, presets: dict[str, dict[str, Any]]) -> Any:
     return dataclasses.replace(config, **presets[config.preset])
 
 
-def set_threads(threads: int) -> None:
-    """Set torch's intra-op threads (see DEFAULT_THREADS for why the default is what it is)."""
-    if threads < 1:
-        raise ValueError(f"threads must be at least 1, got {threads}.")
-    torch.set_num_threads(threads)
+class TorchSettings:
+    """What a run sets of torch's process-wide settings, given back at its end (`restore`) so that a caller's own
+    stay: the intra-op threads (see DEFAULT_THREADS for why the default is what it is) and, for an agent with
+    --precision, the float32 matrix-product precision (tf32 runs CUDA's on tensor cores, forward and backward)."""
+
+    def __init__(self, config: Any):
+        self._threads = torch.get_num_threads()
+        if config.threads < 1:
+            raise ValueError(f"threads must be at least 1, got {config.threads}.")
+        torch.set_num_threads(config.threads)
+        self._float32_matmuls = None if not hasattr(config, "precision") else set_float32_matmuls(config.precision)
+
+    def restore(self) -> None:
+        torch.set_num_threads(self._threads)
+        if self._float32_matmuls is not None:
+            torch.set_float32_matmul_precision(self._float32_matmuls)
 
 
 def seed_everything(seed: int) -> None:

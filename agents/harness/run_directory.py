@@ -27,6 +27,8 @@ except ImportError:  # Windows: run directories are not locked there
     fcntl = None
 
 CONFIG_FILE = "config.json"
+DATASET_FILE = "dataset.json"
+"""an offline run's record of the dataset it learned from (its id, size, corruption and reference returns)"""
 LOCK_FILE = "run.lock"
 """Locked while a process trains in the run directory; it names that process."""
 
@@ -95,6 +97,18 @@ def _lock(file: Any, run_dir: Path) -> Any:
     file.write(f"process {os.getpid()} on {socket.gethostname()} (since {time.strftime('%Y-%m-%d %H:%M:%S')})\n")
     file.flush()
     return file
+
+
+def make_run_dir(config: Any, name: str, algo: str, lock: RunDirLock | None, files: dict[str, str]) -> Path:
+    """A new run's directory runs_dir/{name}__{algo}__{seed}__{time}, locked at once with `lock` (None: a seed group
+    locks its own), with config.json and `files` (file name -> text)."""
+    run_dir = new_run_dir(config.runs_dir, name, algo, config.seed)
+    if lock is not None:
+        lock.add(run_dir)
+    save_config(run_dir, algo, config)
+    for file_name, text in files.items():
+        (run_dir / file_name).write_text(text)
+    return run_dir
 
 
 def save_config(run_dir: Path, algo: str, config: Any) -> None:

@@ -7,7 +7,8 @@ alone), stepped in lockstep, while the agent trains them as one batched network 
         env = runs.group(lambda seed: make_vec_env(..., seed + runs.step))  # VecEnv, or SeedEnvs for S seeds
         agent = runs.agent(lambda: SAC(...))                                 # stacked along a seed axis for S
         buffer = runs.group(lambda seed: ReplayBuffer(..., seed=seed))      # ReplayBuffer, or SeedReplay
-        runs.start(env_id, agent, evaluate=lambda agent, eval_seed: ..., numpy_rng=runs.numpy_rng(), replay=buffer)
+        runs.start(env_id, agent, play_evaluation=lambda agent, eval_seed: ..., numpy_rng=runs.numpy_rng(),
+                   replay=buffer)
 
 (PPO groups RolloutBuffers into SeedRollouts instead, and gives `start` what each seed's checkpoint keeps besides:
 `state=lambda i: {...}`, with `runs.part(rollout, i)`, seed i's own rollout), then, still in the `with` block, the
@@ -166,19 +167,19 @@ class SeedRuns:
         generators = [np.random.default_rng(seed) for seed in self.seeds]
         return generators[0] if len(generators) == 1 else SeedGenerators(generators)
 
-    def start(self, name: str, agent: SavedAgent, evaluate: Callable[[SavedAgent, int], tuple], *,
+    def start(self, name: str, agent: SavedAgent, play_evaluation: Callable[[SavedAgent, int], tuple], *,
               numpy_rng: np.random.Generator | SeedGenerators, replay: ReplayBuffer | SeedReplay | None = None,
               state: Callable[[int], dict[str, Saved]] | None = None,
               video: Callable[[SavedAgent, int], Any] | None = None) -> None:
-        """`Run.start` of each seed: `evaluate(agent, eval_seed)` and `video(agent, eval_seed)` get that seed's agent
-        alone and the seed of its first evaluation episode (`evaluation_seed`: seeds evaluate on disjoint episodes);
-        `state(i)`: what seed i's checkpoint keeps besides (`Run.start`'s `state`; `part` gives each seed's own env
-        or rollout); each seed's checkpoint also keeps its torch generator."""
+        """`Run.start` of each seed: `play_evaluation(agent, eval_seed)` and `video(agent, eval_seed)` get that seed's
+        agent alone and the seed of its first evaluation episode (`evaluation_seed`: seeds evaluate on disjoint
+        episodes); `state(i)`: what seed i's checkpoint keeps besides (`Run.start`'s `state`; `part` gives each seed's
+        own env or rollout); each seed's checkpoint also keeps its torch generator."""
         self._lockstep.stop_signals.__enter__()  # held from before the directories are made (`Run.start`)
         eval_seeds = [evaluation_seed(seed, self.config.eval_episodes) for seed in self.seeds]
         if len(self.runs) == 1:
             run, eval_seed = self.runs[0], eval_seeds[0]
-            run.start(name, agent, evaluate=lambda: evaluate(agent, eval_seed), numpy_rng=numpy_rng, replay=replay,
+            run.start(name, agent, play_evaluation, numpy_rng=numpy_rng, replay=replay,
                       state=None if state is None else state(0),
                       video=None if video is None else video(agent, eval_seed))
         else:
@@ -187,7 +188,7 @@ class SeedRuns:
                 view, generator = SeedView(agent, i, run.config, restored), agent.random.generators[i]
                 saved = {"torch_generator": (generator.get_state, generator.set_state), **(state(i) if state else {})}
                 run.start(name, view, numpy_rng=numpy_rng.generators[i],
-                          evaluate=lambda view=view, eval_seed=eval_seed: evaluate(view.snapshot(), eval_seed),
+                          play_evaluation=lambda view, eval_seed: play_evaluation(view.snapshot(), eval_seed),
                           replay=None if replay is None else replay.buffers[i], state=saved,
                           video=None if video is None else video(_Latest(view), eval_seed))
             write_seeds_files([run.dir for run in self.runs])

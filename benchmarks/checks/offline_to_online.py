@@ -18,8 +18,9 @@ from pathlib import Path
 
 import numpy as np
 
+from keelrl.agents.harness.logs import EPISODES_FILE, EVAL_FILE
 from keelrl.agents.harness.options import parse_command_line
-from keelrl.benchmarks.aggregate import EPISODES_FILE, EVAL_FILE
+from keelrl.agents.harness.run_directory import DATASET_FILE
 from keelrl.benchmarks.checks.summarize_runs import read_csv
 from keelrl.benchmarks.leaderboard import Cell, Grid, expand, load_grid
 
@@ -156,7 +157,7 @@ def summary(grid: Grid, runs_dir: Path, early: int, late: int, bin_steps: int, c
             lines.append(f"- seed {cell.seed}: no evaluation yet")
             continue
         run_dir = cell.state()[1] or cell.run_dirs()[0]
-        ref_scores = json.loads((run_dir / "dataset.json").read_text())["ref_scores"]
+        ref_scores = json.loads((run_dir / DATASET_FILE).read_text())["ref_scores"]
         refs = None if ref_scores is None else (float(ref_scores[0]), float(ref_scores[1]))
         step, value = curves.evals[-1]
         lines.append(f"- seed {cell.seed}: {value:.1f}" + (f" ({score(value, refs):.1f})" if refs else "")

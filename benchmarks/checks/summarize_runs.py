@@ -22,8 +22,8 @@ from pathlib import Path
 
 import numpy as np
 
+from keelrl.agents.harness.logs import EPISODES_FILE, EVAL_FILE
 from keelrl.agents.harness.options import parse_command_line
-from keelrl.benchmarks.aggregate import EPISODES_FILE, EVAL_FILE
 
 
 @dataclasses.dataclass
