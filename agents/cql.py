@@ -37,7 +37,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from keelrl.agents.harness.checkpoints import SavedAgent
 from keelrl.agents.harness.loop import Run, TrainResult
 from keelrl.agents.harness.options import (
     RunOptions,
@@ -50,6 +49,7 @@ from keelrl.agents.harness.options import (
     validate_run_options,
 )
 from keelrl.agents.harness.run_directory import DATASET_FILE
+from keelrl.agents.harness.saved_agent import SavedAgent
 from keelrl.agents.iql import load_attacker
 from keelrl.buffers import Batch
 from keelrl.buffers.offline import (
@@ -265,10 +265,7 @@ class CQL(SavedAgent):
 
     def __init__(self, obs_dim: int, action_low: np.ndarray, action_high: np.ndarray, config: CQLConfig):
         super().__init__()
-        self.config = config
-        self.obs_dim = obs_dim
-        self.register_buffer("action_low", torch.as_tensor(action_low, dtype=torch.float32))
-        self.register_buffer("action_high", torch.as_tensor(action_high, dtype=torch.float32))
+        self.remember(obs_dim, action_low, action_high, config)
         self.obs_norm, self.actor, self.critic, self.critic_target = cql_networks(
             obs_dim, action_low, action_high, config, config.orthogonal_init)
         # the parameter lists Polyak averaging walks, gathered once (the tensors stay the same objects)

@@ -54,7 +54,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from keelrl.agents.harness.checkpoints import read_checkpoint, saved_config, write_atomically
+from keelrl.agents.harness.checkpoints import read_checkpoint, write_atomically
 from keelrl.agents.harness.loop import Run
 from keelrl.agents.harness.options import (
     RunOptions,
@@ -64,6 +64,7 @@ from keelrl.agents.harness.options import (
     run_cli,
     validate_run_options,
 )
+from keelrl.agents.harness.saved_agent import saved_config
 from keelrl.envs.rlvr_tasks import TASKS, ChatTask, Problem, Task, chat_prompt, make_task, pass_at_k
 from keelrl.envs.token_env import UNFILLED, GroupTokenEnv
 from keelrl.networks import check_device

@@ -32,7 +32,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from keelrl.agents.harness.checkpoints import SavedAgent, read_checkpoint
+from keelrl.agents.harness.checkpoints import read_checkpoint
 from keelrl.agents.harness.loop import Run, TrainResult
 from keelrl.agents.harness.options import (
     RunOptions,
@@ -44,6 +44,7 @@ from keelrl.agents.harness.options import (
     validate_run_options,
 )
 from keelrl.agents.harness.run_directory import DATASET_FILE
+from keelrl.agents.harness.saved_agent import SavedAgent
 from keelrl.buffers import Batch
 from keelrl.buffers.corruption import Policy, QFunction
 from keelrl.buffers.offline import (
@@ -174,10 +175,7 @@ class IQL(SavedAgent):
 
     def __init__(self, obs_dim: int, action_low: np.ndarray, action_high: np.ndarray, config: IQLConfig):
         super().__init__()
-        self.config = config
-        self.obs_dim = obs_dim
-        self.register_buffer("action_low", torch.as_tensor(action_low, dtype=torch.float32))
-        self.register_buffer("action_high", torch.as_tensor(action_high, dtype=torch.float32))
+        self.remember(obs_dim, action_low, action_high, config)
         # (obs − mean) / (std + 1e-3) with the dataset's statistics, as CORL and RIQL
         self.obs_norm = RunningObsNorm(obs_dim, clip=None, eps=1e-3, eps_on="std") if config.normalize_obs \
             else nn.Identity()

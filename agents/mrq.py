@@ -54,7 +54,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from keelrl.agents.harness.checkpoints import SavedAgent
 from keelrl.agents.harness.loop import Run, TrainResult
 from keelrl.agents.harness.options import (
     RunOptions,
@@ -66,6 +65,7 @@ from keelrl.agents.harness.options import (
     validate_run_options,
     warn_without_updates,
 )
+from keelrl.agents.harness.saved_agent import SavedAgent
 from keelrl.buffers import Batch, LAPReplayBuffer, SequenceBatch
 from keelrl.envs import make_vec_env, play_episodes, require_box_actions
 from keelrl.envs.video import gym_video
@@ -315,11 +315,8 @@ class MRQ(SavedAgent):
 
     def __init__(self, obs_dim: int, action_low: np.ndarray, action_high: np.ndarray, config: MRQConfig):
         super().__init__()
-        self.config = config
-        self.obs_dim = obs_dim
+        self.remember(obs_dim, action_low, action_high, config)
         action_dim = len(action_low)
-        self.register_buffer("action_low", torch.as_tensor(action_low, dtype=torch.float32))
-        self.register_buffer("action_high", torch.as_tensor(action_high, dtype=torch.float32))
         self.encoder = Encoder(obs_dim, action_dim, config)
         self.value = TwinValue(config.zsa_dim, config.value_hidden_dim)
         self.policy = Policy(config.zs_dim, config.policy_hidden_dim, action_dim)

@@ -55,7 +55,6 @@ import numpy as np
 import torch
 from torch import nn
 
-from keelrl.agents.harness.checkpoints import SavedSpaceAgent
 from keelrl.agents.harness.loop import Saved, TrainResult
 from keelrl.agents.harness.options import (
     RunOptions,
@@ -65,6 +64,7 @@ from keelrl.agents.harness.options import (
     run_cli,
     validate_run_options,
 )
+from keelrl.agents.harness.saved_agent import SavedSpaceAgent
 from keelrl.agents.harness.seeds import SeedGenerators, SeedRuns, validate_seed_group
 from keelrl.buffers.rollout import RolloutBuffer, SeedRollouts, as_flat_tensors, gae
 from keelrl.envs import SeedEnvs, VecEnv, make_vec_env, play_episodes

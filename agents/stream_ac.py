@@ -25,9 +25,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from keelrl.agents.harness.checkpoints import SavedStreamAgent
 from keelrl.agents.harness.loop import Run, TrainResult
 from keelrl.agents.harness.options import RunOptions, evaluation_seed, run_cli
+from keelrl.agents.harness.saved_agent import SavedStreamAgent
 from keelrl.agents.stream_options import StreamOptions, validate_stream_options
 from keelrl.envs.streaming_wrappers import (
     Transition,

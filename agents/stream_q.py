@@ -23,9 +23,9 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from keelrl.agents.harness.checkpoints import SavedStreamAgent
 from keelrl.agents.harness.loop import Run, TrainResult
 from keelrl.agents.harness.options import RunOptions, evaluation_seed, run_cli
+from keelrl.agents.harness.saved_agent import SavedStreamAgent
 from keelrl.agents.stream_options import StreamOptions, validate_stream_options
 from keelrl.envs.streaming_wrappers import (
     Transition,

@@ -26,7 +26,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from keelrl.agents.harness.checkpoints import SavedAgent
+from keelrl.agents.harness.saved_agent import SavedAgent
 from keelrl.agents.harness.seeds import SeedRuns, validate_seed_group
 from keelrl.agents.harness.loop import TrainResult
 from keelrl.agents.harness.options import (
@@ -151,10 +151,7 @@ class TD3(SavedAgent):
 
     def __init__(self, obs_dim: int, action_low: np.ndarray, action_high: np.ndarray, config: TD3Config):
         super().__init__()
-        self.config = config
-        self.obs_dim = obs_dim
-        self.register_buffer("action_low", torch.as_tensor(action_low, dtype=torch.float32))
-        self.register_buffer("action_high", torch.as_tensor(action_high, dtype=torch.float32))
+        self.remember(obs_dim, action_low, action_high, config)
         # (obs − mean) / sqrt(var + 1e-8) as SimBa and SimbaV2 (which do not clip: --obs-clip None in their presets)
         self.obs_norm = RunningObsNorm(obs_dim, config.obs_clip, eps=1e-8) if config.normalize_obs else nn.Identity()
         self.reward_scaler = build_reward_scaler(config, config.gamma, config.num_envs) if config.scale_rewards \

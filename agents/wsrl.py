@@ -61,7 +61,7 @@ import torch
 from torch import nn
 
 from keelrl.agents.cql import cql_networks
-from keelrl.agents.harness.checkpoints import CHECKPOINT_FILE, MODEL_FILE, SavedAgent, read_checkpoint
+from keelrl.agents.harness.checkpoints import CHECKPOINT_FILE, MODEL_FILE, read_checkpoint
 from keelrl.agents.harness.loop import Run, TrainResult
 from keelrl.agents.harness.options import (
     RunOptions,
@@ -73,6 +73,7 @@ from keelrl.agents.harness.options import (
     validate_run_options,
 )
 from keelrl.agents.harness.run_directory import CONFIG_FILE, DATASET_FILE
+from keelrl.agents.harness.saved_agent import SavedAgent
 from keelrl.buffers import Batch, ReplayBuffer
 from keelrl.envs import make_vec_env, play_episodes, require_box_actions
 from keelrl.envs.video import gym_video
@@ -199,10 +200,7 @@ class WSRL(SavedAgent):
 
     def __init__(self, obs_dim: int, action_low: np.ndarray, action_high: np.ndarray, config: WSRLConfig):
         super().__init__()
-        self.config = config
-        self.obs_dim = obs_dim
-        self.register_buffer("action_low", torch.as_tensor(action_low, dtype=torch.float32))
-        self.register_buffer("action_high", torch.as_tensor(action_high, dtype=torch.float32))
+        self.remember(obs_dim, action_low, action_high, config)
         self.obs_norm, self.actor, self.critic, self.critic_target = cql_networks(
             obs_dim, action_low, action_high, config, orthogonal=False)  # the pre-trained weights come in later
         # the parameter lists Polyak averaging walks, gathered once (the tensors stay the same objects)

@@ -10,9 +10,9 @@
                       `run_cli`, which trains an agent and turns a user's mistake into one line and exit code 2
     logs.py           TensorBoard (CleanRL's scalar names), episodes.csv and eval.csv, videos (--capture-video),
                       W&B, the progress bar and lines, the speeds (`Speeds`) and what a finished run prints
+    saved_agent.py    `SavedAgent`, what every agent's networks save and load (training state, model.pt), written once
     checkpoints.py    when a run checkpoints (`CheckpointPolicy`: steps, minutes, a stop signal), checkpoints
-                      (stamped with their replay buffer), model files, random states, and `SavedAgent`, the
-                      save/load methods every agent's networks share
+                      (stamped with their replay buffer), model files and random states
     stopping.py       SIGTERM and Ctrl-C: finish the step, checkpoint, exit 128 + the signal number
 
 A module imports only modules listed below it, and none imports an agent. The registry of agents by name is

@@ -29,10 +29,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from keelrl.agents.harness.checkpoints import SavedAgent, settle_checkpoints, write_atomically
+from keelrl.agents.harness.checkpoints import settle_checkpoints, write_atomically
 from keelrl.agents.harness.loop import Lockstep, NonFinite, Run, Saved, TrainResult
 from keelrl.agents.harness.options import evaluation_seed, given_options
 from keelrl.agents.harness.run_directory import RunDirLock
+from keelrl.agents.harness.saved_agent import SavedAgent
 from keelrl.agents.harness.stopping import RunStopped
 from keelrl.buffers import ReplayBuffer, RolloutBuffer, SeedReplay, SeedRollouts
 from keelrl.envs import SeedEnvs, VecEnv
