@@ -16,47 +16,27 @@ from keelrl.agents.td3_lag import TD3Lag, TD3LagConfig
 from keelrl.envs import CostWrapper
 from keelrl.networks.seeds import stack_seeds
 
+from helpers import CountingEnv, first_action
+
 OBS_DIM, ACTION_DIM = 5, 2  # as the fixed_batch fixture in conftest.py
 
 
-class TrackEnv(gym.Env):
+def track_env() -> gym.Env:
     """20 steps along a track: the action is the speed and the reward; obs = the fraction of time left.
     With the cost speed > 0.5, going flat out earns 20 at a cost of 20; a limit of 5 forces it slower."""
-
-    observation_space = gym.spaces.Box(0.0, 1.0, (1,), np.float32)
-    action_space = gym.spaces.Box(-1.0, 1.0, (1,), np.float32)
-
-    def reset(self, *, seed=None, options=None):
-        super().reset(seed=seed)
-        self.t = 0
-        return np.ones(1, np.float32), {}
-
-    def step(self, action):
-        self.t += 1
-        return np.full(1, 1 - self.t / 20, np.float32), float(action[0]), False, self.t >= 20, {}
+    env = CountingEnv(1, length=20, observe=lambda t: 1 - t / 20, reward=first_action, low=0.0)
+    return CostWrapper(env, lambda a, o, i: float(a[0] > 0.5))
 
 
-gym.register("keelrl_test/Track-v0", entry_point=lambda: CostWrapper(TrackEnv(), lambda a, o, i: float(a[0] > 0.5)))
-
-
-class RaggedEnv(gym.Env):
+def ragged_env() -> gym.Env:
     """Episodes of 3 to 5 steps (drawn at reset), so that with two envs episodes end alone or together;
     the cost (through CostWrapper) is 1 for a positive action."""
-
-    observation_space = gym.spaces.Box(-1.0, 1.0, (2,), np.float32)
-    action_space = gym.spaces.Box(-1.0, 1.0, (1,), np.float32)
-
-    def reset(self, *, seed=None, options=None):
-        super().reset(seed=seed)
-        self.t, self.length = 0, int(self.np_random.integers(3, 6))
-        return np.zeros(2, np.float32), {}
-
-    def step(self, action):
-        self.t += 1
-        return np.full(2, self.t / 5, np.float32), float(action[0]), False, self.t >= self.length, {}
+    env = CountingEnv(2, length=lambda rng: rng.integers(3, 6), observe=lambda t: t / 5, reward=first_action)
+    return CostWrapper(env, lambda a, o, i: float(a[0] > 0))
 
 
-gym.register("keelrl_test/RaggedCost-v0", entry_point=lambda: CostWrapper(RaggedEnv(), lambda a, o, i: float(a[0] > 0)))
+gym.register("keelrl_test/Track-v0", entry_point=track_env)
+gym.register("keelrl_test/RaggedCost-v0", entry_point=ragged_env)
 
 
 @pytest.fixture

@@ -19,6 +19,8 @@ from keelrl.agents.mrq import MRQ, MRQConfig, SymexpTwoHot, main, train
 from keelrl.buffers import LAPReplayBuffer, SequenceBatch
 from keelrl.evaluate import EvaluateConfig, evaluate_saved
 
+from helpers import killed_in_call
+
 OBS_DIM, ACTION_DIM = 3, 2
 LOW, HIGH = -2 * np.ones(ACTION_DIM), 2 * np.ones(ACTION_DIM)  # actions learnt as env action / 2
 SMALL = dict(zs_dim=12, zsa_dim=10, za_dim=6, enc_hidden_dim=16, value_hidden_dim=14, policy_hidden_dim=8, num_bins=9,
@@ -361,18 +363,7 @@ def tiny(runs_dir, **overrides) -> MRQConfig:
 def interrupted_and_resumed(runs_dir, at_update: int, monkeypatch):
     """A run killed (an exception) in its `at_update`-th update, past its checkpoint at step 250 (updates from step
     200 on), then resumed to its end: its directory and result."""
-    update, calls = MRQ.update, []
-
-    def interrupted_update(self, buffer):
-        calls.append(1)
-        if len(calls) == at_update:
-            raise KeyboardInterrupt
-        return update(self, buffer)
-
-    monkeypatch.setattr(MRQ, "update", interrupted_update)
-    with pytest.raises(KeyboardInterrupt):
-        train(tiny(runs_dir))
-    monkeypatch.undo()
+    killed_in_call(monkeypatch, MRQ, "update", at_update, lambda: train(tiny(runs_dir)))
     (run_dir,) = runs_dir.iterdir()
     return run_dir, train(MRQConfig(resume=str(run_dir), quiet=True))
 

@@ -12,15 +12,13 @@ import torch
 from keelrl.agents import iql, sac
 from keelrl.agents.harness.checkpoints import CHECKPOINT_FILE, non_finite_entry
 from keelrl.agents.harness.options import run_cli
-from keelrl.benchmarks.make_datasets import collect
+
+from helpers import random_pendulum_npz
 
 
 @pytest.fixture(scope="module")
 def pendulum_npz(tmp_path_factory):
-    path = tmp_path_factory.mktemp("data") / "pendulum.npz"
-    rng = np.random.default_rng(0)
-    np.savez(path, **collect("InvertedPendulum-v5", lambda obs: rng.uniform(-3, 3, (len(obs), 1)), 400, 1, seed=0))
-    return path
+    return random_pendulum_npz(tmp_path_factory.mktemp("data") / "pendulum.npz", 400, num_envs=1)
 
 
 def one_error_line(capsys) -> str:

@@ -201,6 +201,42 @@ def spied_update(agent, batch: Batch, noise, monkeypatch, documented: str) -> tu
     return losses, seen
 
 
+@dataclasses.dataclass
+class LagUpdate:
+    """What the oracle expects of one Lagrangian update: the reward critics' target, their values at (s, a), their
+    loss and their weights after the step (and their targets'), the actor's loss and weights, λ, and the cost
+    critics' step on the a' (`next_a_c`) the agent is to hand the cost target critic."""
+    reward_target: torch.Tensor
+    q_sa: torch.Tensor
+    critic_loss: torch.Tensor
+    critic: dict[str, torch.Tensor]
+    critic_target: dict[str, torch.Tensor]
+    actor_loss: torch.Tensor
+    actor: dict[str, torch.Tensor]
+    lam: float
+    next_a_c: torch.Tensor
+    cost: CostStep
+
+
+def assert_lag_update(agent, losses: dict, seen: dict, expected: LagUpdate) -> None:
+    """What SAC-Lag and TD3-Lag share after one update: the targets the agent saw, its returned losses and λ, and its
+    reward critics, their targets, its actor and its cost critics, parameter by parameter, are the oracle's."""
+    close(seen["reward_target"], expected.reward_target)
+    close(seen["cost_next"][0], expected.next_a_c)
+    close(seen["cost_next"][1].squeeze(-1), expected.cost.next_qc)
+    close(losses["losses/qf_loss"], expected.critic_loss / 2)
+    close(losses["losses/qf_values"], expected.q_sa.mean())
+    close(losses["losses/actor_loss"], expected.actor_loss)
+    close(losses["losses/cost_qf_loss"], expected.cost.loss / 2)
+    close(losses["losses/cost_qf_values"], expected.cost.qc_sa.mean())
+    close(losses["losses/lagrange_multiplier"], expected.lam)  # λ never moves on a gradient update
+    assert_params(agent.critic, expected.critic, "critic")
+    assert_params(agent.critic_target, expected.critic_target, "critic_target")
+    assert_params(agent.actor, expected.actor, "actor")
+    assert_params(agent.cost.critic, expected.cost.critic, "cost_critic")
+    assert_params(agent.cost.target, expected.cost.target, "cost_critic_target")
+
+
 def test_sac_lag_one_update_matches_an_independent_oracle(monkeypatch):
     """One SAC-Lag update (policy_frequency 1, autotuned α, λ = 0.7) against a hand-written update:
     reward critic target and loss, the Lagrangian actor loss, α's loss, the cost critic target and loss,
@@ -253,28 +289,16 @@ def test_sac_lag_one_update_matches_an_independent_oracle(monkeypatch):
 
     with torch.no_grad():  # the cost target's a' comes from the actor after its step
         next_a_c, _ = gaussian_actor_sample(actor_new, b.next_obs, noise[2].to(F64))
-    cost_step = cost_critic_step(cost, cost_t, b, next_a_c, lr_q, tau)
+    expected = LagUpdate(reward_target, q_sa, critic_loss, critic_new, critic_t_new, actor_loss, actor_new, lam,
+                         next_a_c, cost_critic_step(cost, cost_t, b, next_a_c, lr_q, tau))
 
     # --- the agent, with spies on its reward target and on the cost target critic's inputs/outputs
     losses, seen = spied_update(agent, batch, noise, monkeypatch, "critic, actor, cost target")
 
-    close(seen["reward_target"], reward_target)
-    close(seen["cost_next"][0], next_a_c)
-    close(seen["cost_next"][1].squeeze(-1), cost_step.next_qc)
-    close(losses["losses/qf_loss"], critic_loss / 2)
-    close(losses["losses/qf_values"], q_sa.mean())
-    close(losses["losses/actor_loss"], actor_loss)
+    assert_lag_update(agent, losses, seen, expected)
     close(losses["losses/alpha"], alpha)
     close(losses["losses/alpha_loss"], alpha_loss)
-    close(losses["losses/cost_qf_loss"], cost_step.loss / 2)
-    close(losses["losses/cost_qf_values"], cost_step.qc_sa.mean())
-    close(losses["losses/lagrange_multiplier"], lam)  # λ never moves on a gradient update
-    assert_params(agent.critic, critic_new, "critic")
-    assert_params(agent.critic_target, critic_t_new, "critic_target")
-    assert_params(agent.actor, actor_new, "actor")
     close(agent.log_alpha, log_alpha_new)
-    assert_params(agent.cost.critic, cost_step.critic, "cost_critic")
-    assert_params(agent.cost.target, cost_step.target, "cost_critic_target")
     assert agent.lagrange_multiplier.item() == pytest.approx(lam)
     # the oracle is sensitive: each Adam step moved every parameter that had a gradient
     assert not torch.allclose(actor_new["mean.weight"], actor["mean.weight"])
@@ -334,29 +358,26 @@ def test_td3_lag_one_update_matches_an_independent_oracle(monkeypatch):
 
     with torch.no_grad():
         next_a_c = smoothed(actor_t_new, b.next_obs, noise[1].to(F64), 1.0, 1.5)
-    cost_step = cost_critic_step(cost, cost_t, b, next_a_c, lr, tau)
+    expected = LagUpdate(reward_target, q_sa, critic_loss, critic_new, critic_t_new, actor_loss, actor_new, lam,
+                         next_a_c, cost_critic_step(cost, cost_t, b, next_a_c, lr, tau))
 
     losses, seen = spied_update(agent, batch, noise, monkeypatch, "critic target, cost target")
 
-    close(seen["reward_target"], reward_target)
-    close(seen["cost_next"][0], next_a_c)
-    close(seen["cost_next"][1].squeeze(-1), cost_step.next_qc)
-    close(losses["losses/qf_loss"], critic_loss / 2)
-    close(losses["losses/qf_values"], q_sa.mean())
-    close(losses["losses/actor_loss"], actor_loss)
-    close(losses["losses/cost_qf_loss"], cost_step.loss / 2)
-    close(losses["losses/cost_qf_values"], cost_step.qc_sa.mean())
-    close(losses["losses/lagrange_multiplier"], lam)
-    assert_params(agent.critic, critic_new, "critic")
-    assert_params(agent.critic_target, critic_t_new, "critic_target")
-    assert_params(agent.actor, actor_new, "actor")
+    assert_lag_update(agent, losses, seen, expected)
     assert_params(agent.actor_target, actor_t_new, "actor_target")
-    assert_params(agent.cost.critic, cost_step.critic, "cost_critic")
-    assert_params(agent.cost.target, cost_step.target, "cost_critic_target")
 
 
 # ----------------------------------------------------------------------------------------------------------
 # λ
+
+
+def multipliers_after(agent, batches: list[tuple[list[float], int]]) -> list[float]:
+    """The agent's λ after it observes each batch of episode costs at its step, in turn."""
+    got = []
+    for costs, step in batches:
+        agent.lagrange.observe(np.array(costs), step)
+        got.append(agent.lagrange_multiplier.item())
+    return got
 
 
 @pytest.mark.parametrize("agent_cls, config_cls", [(SACLag, SACLagConfig), (TD3Lag, TD3LagConfig)])
@@ -374,11 +395,7 @@ def test_lambda_updates_by_hand_from_batches_of_episode_costs(agent_cls, config_
         if step > warmup:
             lam = max(0.0, lam + 0.05 * (sum(costs) / len(costs) - limit))
         expected.append(lam)
-    got = []
-    for costs, step in batches:
-        agent.lagrange.observe(np.array(costs), step)
-        got.append(agent.lagrange_multiplier.item())
-    assert got == pytest.approx(expected, abs=1e-6)
+    assert multipliers_after(agent, batches) == pytest.approx(expected, abs=1e-6)
     assert expected[0] == 0.3 and min(expected) == 0.0 and expected[-1] > 0  # warmup, clamp, recovery seen
 
     kp, ki, kd = 0.2, 0.05, 0.1
@@ -394,11 +411,7 @@ def test_lambda_updates_by_hand_from_batches_of_episode_costs(agent_cls, config_
             lam = max(0.0, kp * (j - limit) + integral + kd * rise)
             previous = j
         expected.append(lam)
-    got = []
-    for costs, step in batches:
-        agent.lagrange.observe(np.array(costs), step)
-        got.append(agent.lagrange_multiplier.item())
-    assert got == pytest.approx(expected, abs=1e-6)
+    assert multipliers_after(agent, batches) == pytest.approx(expected, abs=1e-6)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -427,8 +440,11 @@ def obgd(params, trace, grads, delta, lr, kappa, gamma, lam, reset):
     return params, trace, eta, lr * kappa * max(abs(delta), 1.0) * l1 > 1.0
 
 
-def stream_params(module):
-    return [p.detach().clone().to(F64) for p in module.parameters()]
+def params_and_zero_trace(module) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """The oracle's start for one of a stream agent's networks: its parameters as float64 copies and an eligibility
+    trace of zeros like them."""
+    params = [p.detach().clone().to(F64) for p in module.parameters()]
+    return params, [torch.zeros_like(p) for p in params]
 
 
 def assert_stream_state(module, optimizer, params, trace, what, atol=2e-6, rtol=1e-5):
@@ -447,16 +463,20 @@ def observations(n, dim=OBS_DIM, seed=5):
 GAMMA, LAM = 0.9, 0.6  # γλ = 0.54, distinct from γ and from λ
 
 
+def stream_agent(agent_cls, config_cls, seed: int, space: gym.Space, **options):
+    """A stream agent over `space` with hidden sizes (6, 5), γ = GAMMA and λ = LAM (and `options`), its weights
+    drawn under torch seed `seed`."""
+    torch.manual_seed(seed)
+    return agent_cls(OBS_DIM, space, config_cls(hidden_sizes=(6, 5), gamma=GAMMA, lam=LAM, **options))
+
+
 def test_stream_td_steps_match_an_obgd_oracle():
     """Four stream TD(λ) steps: ordinary (|δ| > 1, bound active), ordinary (trace decays by γλ and
     accumulates), a time-limit truncation (bootstraps, then resets the trace), a termination (no bootstrap);
     δ, η, the trace and every parameter compared after each step."""
-    torch.manual_seed(2)
-    config = StreamTDConfig(hidden_sizes=(6, 5), gamma=GAMMA, lam=LAM)
-    agent = StreamTD(OBS_DIM, gym.spaces.Discrete(2), config)
+    agent = stream_agent(StreamTD, StreamTDConfig, 2, gym.spaces.Discrete(2))
     optimizer = agent.optimizers["critic"]
-    params = stream_params(agent.critic)
-    trace = [torch.zeros_like(p) for p in params]
+    params, trace = params_and_zero_trace(agent.critic)
     s = observations(5)
     steps = [(s[0], 3.0, s[1], False, False), (s[1], -0.4, s[2], False, False), (s[2], 0.7, s[3], False, True),
              (s[3], 1.5, s[4], True, True)]
@@ -481,12 +501,9 @@ def test_stream_q_greedy_keeps_and_exploratory_cuts_the_watkins_trace():
     """Five stream Q(λ) steps: greedy, greedy (trace γλe + ∇Q(s, a)), exploratory (trace cut to ∇Q(s, a)
     before the step), greedy, then a terminal greedy step (no bootstrap, trace reset after);
     greedy/exploratory decided by the oracle's own Q-values."""
-    torch.manual_seed(3)
-    config = StreamQConfig(hidden_sizes=(6, 5), gamma=GAMMA, lam=LAM)
-    agent = StreamQ(OBS_DIM, gym.spaces.Discrete(3), config)
+    agent = stream_agent(StreamQ, StreamQConfig, 3, gym.spaces.Discrete(3))
     optimizer = agent.optimizers["q_network"]
-    params = stream_params(agent.q_network)
-    trace = [torch.zeros_like(p) for p in params]
+    params, trace = params_and_zero_trace(agent.q_network)
     s = observations(6, seed=6)
     plan = [(False, 2.0, False), (False, -0.5, False), (True, 1.2, False), (False, 0.3, False), (False, 1.0, True)]
     for i, (explore, reward, terminal) in enumerate(plan):
@@ -534,15 +551,12 @@ def test_stream_ac_steps_match_an_obgd_oracle(continuous, coef):
     """Three stream AC(λ) steps with δ > 0, δ < 0 and a terminal δ: critic trace ∇V(s) (κ 2), actor trace
     ∇[log π(a|s) + c·sign(δ)·H(π(·|s))] (κ 3), both stepped along the same δ and reset at the episode end;
     δ, both step sizes, both traces and every parameter compared after each step."""
-    torch.manual_seed(4)
-    config = StreamACConfig(hidden_sizes=(6, 5), gamma=GAMMA, lam=LAM, entropy_coef=coef)
     space = gym.spaces.Box(-np.ones(ACTION_DIM, np.float32), np.ones(ACTION_DIM, np.float32)) if continuous \
         else gym.spaces.Discrete(3)
-    agent = StreamAC(OBS_DIM, space, config)
+    agent = stream_agent(StreamAC, StreamACConfig, 4, space, entropy_coef=coef)
     objective = gaussian_objective if continuous else softmax_objective
-    critic, actor = stream_params(agent.critic), stream_params(agent.actor)
-    critic_trace = [torch.zeros_like(p) for p in critic]
-    actor_trace = [torch.zeros_like(p) for p in actor]
+    critic, critic_trace = params_and_zero_trace(agent.critic)
+    actor, actor_trace = params_and_zero_trace(agent.actor)
     s = observations(4, seed=7)
     actions = [np.array([0.3, -0.8], np.float32), np.array([-1.1, 0.4], np.float32), np.array([0.9, 0.9], np.float32)] \
         if continuous else [2, 0, 1]

@@ -40,10 +40,11 @@ import torch
 from keelrl.agents import cql, iql, sac, sac_lag, stream_ac, stream_q, td3, td3_lag
 from keelrl.agents.harness import loop as harness_loop
 from keelrl.agents.harness.checkpoints import CHECKPOINT_FILE, restore_rng_state, rng_state
-from keelrl.benchmarks.make_datasets import collect
 from keelrl.envs import CostWrapper
 from keelrl.envs.streaming_wrappers import stream_wrapper
 from keelrl.networks import RewardScaler
+
+from helpers import random_pendulum_npz
 
 
 class DriftEnv(gym.Env):
@@ -388,10 +389,7 @@ def test_resumed_reward_scaler_trace_restarts_with_the_new_episodes(resumed_n_st
 
 @pytest.fixture(scope="module")
 def pendulum_npz(tmp_path_factory):
-    path = tmp_path_factory.mktemp("data") / "pendulum.npz"
-    rng = np.random.default_rng(0)
-    np.savez(path, **collect("InvertedPendulum-v5", lambda obs: rng.uniform(-3, 3, (len(obs), 1)), 600, 2, seed=0))
-    return path
+    return random_pendulum_npz(tmp_path_factory.mktemp("data") / "pendulum.npz", 600, num_envs=2)
 
 
 def offline_snapshot(live: dict) -> dict:

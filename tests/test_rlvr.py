@@ -33,8 +33,7 @@ from keelrl.envs.token_env import GroupTokenEnv, TokenEnv
 from keelrl.networks.char_lm import DEFAULT_VOCAB, CharTokenizer, tiny_gpt2
 from keelrl.networks.lm_policy import LMPolicy, cat_completions, left_pad, load_pretrained, positions_of
 
-TOKENIZER = CharTokenizer()
-PROMPTS = ["3+5=", "12+7-4=", "9=", "sort 3,1="]  # different lengths: left padding is exercised
+from helpers import PROMPTS, TOKENIZER
 
 
 def make_policy(temperature: float = 1.0, seed: int = 0, context_length: int = 24) -> LMPolicy:

@@ -21,11 +21,10 @@ from keelrl.agents.grpo import (
     rloo_advantages,
     sample_advantages,
 )
-from keelrl.networks.char_lm import CharTokenizer
 from keelrl.networks.lm_policy import LMPolicy
 
-TOKENIZER = CharTokenizer()
-PROMPTS = ["3+5=", "12+7-4=", "9=", "sort 3,1="]  # different lengths: left padding is exercised
+from helpers import PROMPTS, TOKENIZER
+
 GROUP = 3
 MAX_NEW_TOKENS = 5
 TEMPERATURE = 0.9

@@ -20,6 +20,8 @@ import torch
 from keelrl.agents.harness.options import run_cli
 from keelrl.agents.sac import SAC, SACConfig, train
 
+from helpers import assert_critic_update_then_fit
+
 REPO = Path(__file__).resolve().parents[1]
 OBS_DIM, ACTION_DIM = 5, 2  # as the fixed_batch fixture in conftest.py
 
@@ -110,14 +112,7 @@ def test_critic_loss_falls_on_a_fixed_batch(fixed_batch):
         y = batch.rewards.double() + 0.99 * (1 - batch.terminated.double()) * (
             next_q.min(dim=0).values - 0.05 * next_log_prob.double())
         q = agent.critic(batch.obs, batch.actions).squeeze(-1).double()
-    expected_loss = ((q - y) ** 2).mean(dim=1).mean().item()
-    torch.manual_seed(11)
-    first = agent.update_critic(batch)
-    assert first["losses/qf_loss"].item() == pytest.approx(expected_loss, rel=1e-5)  # a network pass in float32
-    assert first["losses/qf_values"].item() == pytest.approx(q.mean().item(), rel=1e-5, abs=1e-6)
-    losses = [first["losses/qf_loss"].item()] + [agent.update_critic(batch)["losses/qf_loss"].item()
-                                                  for _ in range(299)]
-    assert losses[-1] < 0.2 * losses[0]
+    assert_critic_update_then_fit(agent, batch, 11, q, y)
 
 
 def test_actor_loss_falls_and_alpha_tracks_entropy_on_a_fixed_batch(fixed_batch):

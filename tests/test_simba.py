@@ -66,17 +66,35 @@ def copy_simba_member(single: nn.Module, ensemble: nn.Module, k: int) -> None:
                 s.bias.copy_(e.bias[k, 0])
 
 
-def test_simba_critic_members_equal_separate_networks():
+def simba_critic_member(critic: SimbaCritic, k: int) -> nn.ModuleDict:
+    """Member k of a SimBa critic ensemble (4 outputs) as a network built without members."""
+    single = nn.ModuleDict({"encoder": SimbaEncoder(OBS_DIM + ACTION_DIM, 16, 2), "output": nn.Linear(16, 4)})
+    copy_simba_member(single, critic, k)
+    return single
+
+
+def simbav2_critic_member(critic: SimbaV2Critic, k: int) -> nn.ModuleDict:
+    """Member k of a SimbaV2 critic ensemble (11 outputs) as a network built without members."""
+    params = dict(critic.named_parameters())
+    single = nn.ModuleDict({"encoder": SimbaV2Encoder(OBS_DIM + ACTION_DIM, 16, 2), "output": HyperPredictor(16, 11)})
+    with torch.no_grad():
+        for name, p in single.named_parameters():
+            p.copy_(params[name][k].reshape(p.shape))  # (E, out, in) / (E, 1, d) -> member k
+    return single
+
+
+@pytest.mark.parametrize("critic_cls, num_critics, num_outputs, member", [
+    (SimbaCritic, 3, 4, simba_critic_member), (SimbaV2Critic, 2, 11, simbav2_critic_member)], ids=["simba", "simbav2"])
+def test_critic_members_equal_separate_networks(critic_cls, num_critics, num_outputs, member):
     torch.manual_seed(0)
-    critic = SimbaCritic(OBS_DIM, ACTION_DIM, hidden_dim=16, num_blocks=2, num_critics=3, num_outputs=4)
+    critic = critic_cls(OBS_DIM, ACTION_DIM, hidden_dim=16, num_blocks=2, num_critics=num_critics,
+                        num_outputs=num_outputs)
     obs, actions = torch.randn(6, OBS_DIM), torch.randn(6, ACTION_DIM)
     out = critic(obs, actions)
-    assert out.shape == (3, 6, 4)
-    for k in range(3):
-        single = nn.ModuleDict({"encoder": SimbaEncoder(OBS_DIM + ACTION_DIM, 16, 2), "output": nn.Linear(16, 4)})
-        copy_simba_member(single, critic, k)
-        x = torch.cat([obs, actions], -1)
-        torch.testing.assert_close(single["output"](single["encoder"](x)), out[k])
+    assert out.shape == (num_critics, 6, num_outputs)
+    for k in range(num_critics):
+        single = member(critic, k)
+        torch.testing.assert_close(single["output"](single["encoder"](torch.cat([obs, actions], -1))), out[k])
     assert not torch.allclose(out[0], out[1])  # members are initialised independently
 
 
@@ -136,22 +154,6 @@ def test_simba_ensemble_takes_per_member_inputs():
     assert not torch.allclose(out[1].double(), simba_member_by_hand(encoder, 1, x[0]), atol=1e-3)
     # a shared input (B, in) goes to every member
     torch.testing.assert_close(encoder(x[0])[1].double(), simba_member_by_hand(encoder, 1, x[0]), rtol=1e-5, atol=1e-5)
-
-
-def test_simbav2_critic_members_equal_separate_networks():
-    torch.manual_seed(0)
-    critic = SimbaV2Critic(OBS_DIM, ACTION_DIM, hidden_dim=16, num_blocks=2, num_critics=2, num_outputs=11)
-    obs, actions = torch.randn(6, OBS_DIM), torch.randn(6, ACTION_DIM)
-    out = critic(obs, actions)
-    assert out.shape == (2, 6, 11)
-    params = dict(critic.named_parameters())
-    for k in range(2):
-        single = nn.ModuleDict({"encoder": SimbaV2Encoder(OBS_DIM + ACTION_DIM, 16, 2), "output": HyperPredictor(16, 11)})
-        with torch.no_grad():
-            for name, p in single.named_parameters():
-                p.copy_(params[name][k].reshape(p.shape))  # (E, out, in) / (E, 1, d) -> member k
-        torch.testing.assert_close(single["output"](single["encoder"](torch.cat([obs, actions], -1))), out[k])
-    assert not torch.allclose(out[0], out[1])
 
 
 def test_simbav2_initialisation_follows_the_reference():

@@ -24,6 +24,8 @@ from keelrl.buffers import Batch, ReplayBuffer
 from keelrl.evaluate import EvaluateConfig, evaluate_saved
 from keelrl.networks import CriticEnsemble
 
+from helpers import killed_in_call
+
 ARCHITECTURE = dict(hidden_sizes=(16, 16), num_critics=4, critic_subset_size=2, layer_norm=True, normalize_obs=True)
 
 
@@ -216,23 +218,12 @@ def assert_same_run(run_dir, other_dir) -> None:
 
 def test_resume_extend_and_evaluate_a_wsrl_run(pretrained, tmp_path, monkeypatch):
     run_dir, _ = pretrained
-    update = WSRL.update
 
     def interrupted_run(runs_dir, at_update: int):
         """A run that dies in its `at_update`-th update (after the checkpoint at step 60: updates from step 60 on),
         resumed to its end: its directory and result."""
-        calls = []
-
-        def interrupted_update(self, batch):
-            calls.append(1)
-            if len(calls) == at_update:
-                raise KeyboardInterrupt
-            return update(self, batch)
-
-        monkeypatch.setattr(WSRL, "update", interrupted_update)
-        with pytest.raises(KeyboardInterrupt):
-            train_wsrl(tiny(run_dir, runs_dir, warmup_steps=40))
-        monkeypatch.undo()
+        killed_in_call(monkeypatch, WSRL, "update", at_update,
+                       lambda: train_wsrl(tiny(run_dir, runs_dir, warmup_steps=40)))
         (interrupted_dir,) = runs_dir.iterdir()
         return interrupted_dir, train_wsrl(WSRLConfig(resume=str(interrupted_dir), quiet=True))
 
