@@ -12,6 +12,8 @@ ENV ?= Hopper-v5
 STEPS ?= 50000
 SEED ?= 1
 ARGS ?=
+# the suite's test files shared among this many pytest processes (pytest-xdist; each test runs on one torch thread)
+TEST_WORKERS ?= 2
 STAMP := $(VENV)/.keelrl-installed
 
 .PHONY: train test install clean
@@ -34,7 +36,7 @@ train: $(STAMP)
 	$(PY) -m keelrl.agents.sac --env-id $(ENV) --total-timesteps $(STEPS) --seed $(SEED) $(ARGS)
 
 test: $(STAMP)
-	$(PY) -m pytest -q -rs tests
+	$(PY) -m pytest -q -rs -n $(TEST_WORKERS) --dist loadfile tests
 
 clean:
 	rm -rf $(VENV) build *.egg-info

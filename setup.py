@@ -38,7 +38,7 @@ setup(
         "ray": ["ray>=2.9"],
         "video": ["imageio[ffmpeg]>=2.30", "pygame>=2.1"],  # --capture-video's MP4s; pygame draws classic control
         "wandb": ["wandb>=0.17"],  # --track
-        "dev": ["pytest>=7.4", "pytest-timeout>=2.2"],
+        "dev": ["pytest>=7.4", "pytest-timeout>=2.2", "pytest-xdist>=3.5"],
     },
     license="MIT",
 )
