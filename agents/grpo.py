@@ -31,7 +31,9 @@ The algorithm, top to bottom:
   policy is at least the (1 − f) quantile of the minibatch's completion-token entropies (as TRL),
   k3 = π_ref/π − log(π_ref/π) − 1, and each term is aggregated over all completion tokens by token-mean
   (DAPO), sequence-mean (GRPO) or a constant normaliser (Dr. GRPO: sum / (completions × max_new_tokens));
-  AdamW, learning rate annealed linearly to 0 over `iterations`;
+  AdamW, learning rate annealed linearly to 0 over `iterations`; with --micro-batch-size n, each minibatch's
+  gradient is accumulated over passes of n completions (each term weighted by its share of the minibatch's tokens
+  or completions), then one step: the same step in less memory (TRL's gradient accumulation);
 - --loss-type grpo | dr_grpo | dapo | bnpo | gspo sets those options as TRL and verl name them (LOSS_TYPES);
 - every `eval_freq` iterations: greedy accuracy, pass@1 and unbiased pass@k on held-out prompts.
 
@@ -166,6 +168,10 @@ class GRPOConfig(RunOptions):
     """optimisation passes over each batch (GRPO's μ; DeepSeekMath used 1, the tiny model learns much faster with 4)"""
     num_minibatches: int = 2
     """minibatches per pass (one optimiser step each)"""
+    micro_batch_size: int = 0
+    """completions per forward and backward pass: a minibatch's gradient accumulated over micro-batches of this
+    many, then one optimiser step (TRL's per-device batch with gradient accumulation): the same step with less
+    memory; 0: the whole minibatch in one pass"""
     loss_type: str | None = None
     """a preset of the loss options under the name TRL and verl give it (LOSS_TYPES says what each sets): 'grpo'
     (Shao et al. 2024, DeepSeekMath), 'dr_grpo' (Liu et al. 2025, "Understanding R1-Zero-Like Training"), 'dapo'
@@ -267,6 +273,11 @@ def validate(config: GRPOConfig) -> None:
                          f"{config.num_prompts * config.group_size} completions of a batch.")
     if not 0.0 < config.top_entropy_fraction <= 1.0:
         raise ValueError(f"--top-entropy-fraction must lie in (0, 1], got {config.top_entropy_fraction}.")
+    if config.micro_batch_size < 0:
+        raise ValueError(f"--micro-batch-size must be 0 (whole minibatches) or positive, got {config.micro_batch_size}.")
+    if config.micro_batch_size and config.top_entropy_fraction < 1.0:
+        raise ValueError("--top-entropy-fraction takes its entropy threshold over a whole minibatch, which "
+                         "--micro-batch-size splits: use one of them.")
     if not 0.0 <= config.clip_low < 1.0 or config.clip_high < 0.0:
         raise ValueError(f"clip ranges need 0 <= --clip-low < 1 and --clip-high >= 0, "
                          f"got {config.clip_low} and {config.clip_high}.")
@@ -415,6 +426,16 @@ def aggregate(values: torch.Tensor, mask: torch.Tensor, mode: str, normalizer: f
     raise ValueError(f"loss aggregation must be one of {AGGREGATIONS}, got {mode!r}.")
 
 
+def micro_share(micro_mask: torch.Tensor, minibatch_mask: torch.Tensor, mode: str) -> float:
+    """The weight of a micro-batch's `aggregate` in its minibatch's: the minibatch's aggregate is the sum of its
+    micro-batches' aggregates times their shares (token-mean: the share of the tokens; else of the completions)."""
+    if len(micro_mask) == len(minibatch_mask):
+        return 1.0
+    if mode == "token-mean":
+        return micro_mask.sum().clamp(min=1).item() / minibatch_mask.sum().clamp(min=1).item()
+    return len(micro_mask) / len(minibatch_mask)
+
+
 def forking_mask(entropy: torch.Tensor, mask: torch.Tensor, top_fraction: float) -> torch.Tensor:
     """(N, T) bool: the tokens where mask is True whose entropy is at least the (1 − top_fraction) quantile
     (linear interpolation) of the entropies where mask is True: about the top_fraction highest-entropy tokens,
@@ -459,6 +480,10 @@ class GRPO:
     def _step(self, loss: torch.Tensor, optimizer: torch.optim.Optimizer) -> torch.Tensor:
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
+        return self._clipped_step(optimizer)
+
+    def _clipped_step(self, optimizer: torch.optim.Optimizer) -> torch.Tensor:
+        """Clip the gradients the backward passes left and step; returns the norm before clipping."""
         grad_norm = torch.nn.utils.clip_grad_norm_(self.policy.parameters(), self.config.max_grad_norm)
         optimizer.step()
         return grad_norm
@@ -494,43 +519,56 @@ class GRPO:
         return reinforce_pp_advantages(rewards, batch.mask, kl, config.beta)
 
     def update(self, batch: Completions, advantages: torch.Tensor) -> dict[str, float]:
-        """update_epochs passes of num_minibatches clipped policy-gradient steps on one batch of groups."""
+        """update_epochs passes of num_minibatches clipped policy-gradient steps on one batch of groups; each step's
+        gradient accumulated over micro-batches of micro_batch_size completions (0: the minibatch at once)."""
         config = self.config
         ref_log_probs = None
         if self.reference is not None and config.sample_weighting != "reinforce++":  # reinforce++: KL in the reward
             with torch.no_grad():
                 ref_log_probs = self.reference.token_log_probs(batch)[0]
-
-        def agg(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-            return aggregate(values, mask, config.loss_aggregation, config.max_new_tokens)
-
         stats = defaultdict(list)
         for _ in range(config.update_epochs):
             for rows in torch.randperm(len(advantages), device=advantages.device).chunk(config.num_minibatches):
-                minibatch = batch.select(rows)
-                log_probs, entropy = self.policy.token_log_probs(minibatch)
-                log_ratio = log_probs - minibatch.log_probs
-                if config.importance_level == "sequence":
-                    log_ratio = sequence_log_ratio(log_ratio, minibatch.mask)
-                ratio = log_ratio.exp()
-                pg_loss, clipped = clipped_policy_loss(ratio, advantages[rows], config.clip_low, config.clip_high)
-                if config.top_entropy_fraction < 1.0:
-                    # forking tokens as TRL: the threshold comes from the current policy's entropies in this loss
-                    # pass, the mask multiplies the per-token loss, and agg still divides by all completion tokens
-                    pg_loss = pg_loss * forking_mask(entropy, minibatch.mask, config.top_entropy_fraction)
-                policy_loss = agg(pg_loss, minibatch.mask)
-                entropy_mean = agg(entropy, minibatch.mask)
-                loss = policy_loss - config.ent_coef * entropy_mean
-                if ref_log_probs is not None:
-                    kl = agg(k3_kl(log_probs, ref_log_probs[rows]), minibatch.mask)
-                    loss = loss + config.beta * kl
-                    stats["losses/kl"].append(kl.detach())
-                grad_norm = self._step(loss, self.optimizer)
-                stats["losses/policy_loss"].append(policy_loss.detach())
-                stats["losses/entropy"].append(entropy_mean.detach())
-                stats["losses/clip_fraction"].append(clipped[minibatch.mask].float().mean())
-                stats["losses/grad_norm"].append(grad_norm)
+                minibatch_mask, step_stats = batch.mask[rows], defaultdict(float)
+                self.optimizer.zero_grad(set_to_none=True)
+                for micro_rows in rows.split(config.micro_batch_size or len(rows)):
+                    micro = batch.select(micro_rows)
+                    share = micro_share(micro.mask, minibatch_mask, config.loss_aggregation)
+                    references = None if ref_log_probs is None else ref_log_probs[micro_rows]
+                    loss, micro_stats = self._loss(micro, advantages[micro_rows], references)
+                    (loss * share).backward()
+                    token_share = micro_share(micro.mask, minibatch_mask, "token-mean")
+                    for name, value in micro_stats.items():
+                        step_stats[name] += value * (token_share if name == "losses/clip_fraction" else share)
+                step_stats["losses/grad_norm"] = self._clipped_step(self.optimizer)
+                for name, value in step_stats.items():
+                    stats[name].append(value)
         return {name: torch.stack(values).mean().item() for name, values in stats.items()}
+
+    def _loss(self, micro: Completions, advantages: torch.Tensor, ref_log_probs: torch.Tensor | None
+              ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """The clipped policy-gradient loss (− entropy bonus, + β·KL) of completions, aggregated over them alone
+        (`update` weighs micro-batches by their share), and its terms, detached."""
+        config = self.config
+        log_probs, entropy = self.policy.token_log_probs(micro)
+        log_ratio = log_probs - micro.log_probs
+        if config.importance_level == "sequence":
+            log_ratio = sequence_log_ratio(log_ratio, micro.mask)
+        pg_loss, clipped = clipped_policy_loss(log_ratio.exp(), advantages, config.clip_low, config.clip_high)
+        if config.top_entropy_fraction < 1.0:
+            # forking tokens as TRL: the threshold comes from the current policy's entropies in this loss pass,
+            # the mask multiplies the per-token loss, and the aggregate still divides by all completion tokens
+            pg_loss = pg_loss * forking_mask(entropy, micro.mask, config.top_entropy_fraction)
+        policy_loss = aggregate(pg_loss, micro.mask, config.loss_aggregation, config.max_new_tokens)
+        entropy_mean = aggregate(entropy, micro.mask, config.loss_aggregation, config.max_new_tokens)
+        loss = policy_loss - config.ent_coef * entropy_mean
+        terms = {"losses/policy_loss": policy_loss.detach(), "losses/entropy": entropy_mean.detach(),
+                 "losses/clip_fraction": clipped[micro.mask].float().mean()}
+        if ref_log_probs is not None:
+            kl = aggregate(k3_kl(log_probs, ref_log_probs), micro.mask, config.loss_aggregation, config.max_new_tokens)
+            loss = loss + config.beta * kl
+            terms["losses/kl"] = kl.detach()
+        return loss, terms
 
     def training_state(self) -> dict:
         return {

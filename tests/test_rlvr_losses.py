@@ -20,6 +20,7 @@ from keelrl.agents.grpo import (
     reinforce_pp_advantages,
     rloo_advantages,
     sample_advantages,
+    validate,
 )
 from keelrl.networks.lm_policy import LMPolicy
 
@@ -159,6 +160,32 @@ def test_each_loss_type_equals_its_formula(loss_type, moved_by):
     assert largest > 0
     for name, parameter in model.named_parameters():
         torch.testing.assert_close(gradient[name], parameter.grad, rtol=1e-3, atol=1e-4 * largest, msg=name)
+
+
+@pytest.mark.parametrize("aggregation", ["token-mean", "sequence-mean", "constant"])
+def test_micro_batches_accumulate_the_gradient_and_losses_of_the_whole_minibatch(aggregation):
+    # 12 completions in micro-batches of 5, 5 and 2 (uneven, with a KL term) against one pass over all 12
+    runs = {}
+    for micro_batch_size in (0, 5):
+        config = GRPOConfig(loss_aggregation=aggregation, beta=0.1, ent_coef=0.01, max_new_tokens=MAX_NEW_TOKENS,
+                            group_size=GROUP, update_epochs=1, num_minibatches=1, max_grad_norm=1e6,
+                            micro_batch_size=micro_batch_size)
+        batch, agent = sampled(config, moved_by=0.05)
+        runs[micro_batch_size] = recorded_update(agent, batch, agent.advantages(batch, rewards_of_mixed_groups()))
+    (whole_losses, whole_gradient), (micro_losses, micro_gradient) = runs[0], runs[5]
+    assert whole_losses.keys() == micro_losses.keys() >= {"losses/kl", "losses/clip_fraction", "losses/grad_norm"}
+    for name, value in whole_losses.items():
+        assert micro_losses[name] == pytest.approx(value, rel=1e-4, abs=1e-7), name
+    largest = max(g.abs().max().item() for g in whole_gradient.values())
+    for name, gradient in whole_gradient.items():
+        torch.testing.assert_close(micro_gradient[name], gradient, rtol=1e-3, atol=1e-5 * largest, msg=name)
+
+
+def test_micro_batches_refuse_a_minibatch_wide_entropy_threshold():
+    with pytest.raises(ValueError, match="--top-entropy-fraction takes its entropy threshold over a whole minibatch"):
+        validate(GRPOConfig(micro_batch_size=4, top_entropy_fraction=0.2))
+    with pytest.raises(ValueError, match="--micro-batch-size must be 0"):
+        validate(GRPOConfig(micro_batch_size=-1))
 
 
 def test_rloo_advantage_is_the_reward_minus_the_mean_of_the_other_rewards_of_its_group():
