@@ -342,6 +342,14 @@ class MRQ(SavedAgent):
         self._value_loss = loss_function(self.value_loss, config.precision, config.device)
         self._policy_loss = loss_function(self.policy_loss, config.precision, config.device)
 
+    def training_state(self) -> dict:
+        """SavedAgent's, with the encoder's latest losses, so a resumed run logs them until the encoder's next burst."""
+        return {**super().training_state(), "encoder_losses": dict(self.encoder_losses)}
+
+    def load_training_state(self, state: dict) -> None:
+        super().load_training_state(state)
+        self.encoder_losses = dict(state.get("encoder_losses", {}))  # a checkpoint written before they were kept
+
     def unit_actions(self, actions: torch.Tensor) -> torch.Tensor:
         """Env actions (..., A) mapped from the env's box onto [−1, 1]."""
         return (2 * actions - (self.action_high + self.action_low)) / (self.action_high - self.action_low)

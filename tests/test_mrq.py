@@ -12,7 +12,6 @@ import dataclasses
 import numpy as np
 import pytest
 import torch
-import torch.nn.functional as F
 
 from keelrl.agents import mrq
 from keelrl.agents.mrq import MRQ, MRQConfig, SymexpTwoHot, main, train
@@ -351,6 +350,19 @@ def test_bf16_losses_are_close_to_fp32():
 
 
 # ---- a short run ----
+
+def test_a_resumed_agent_logs_the_encoder_losses_of_its_last_burst(tmp_path):
+    agent, resumed = make_agent(), make_agent()
+    agent.encoder_losses = {"losses/encoder_loss": torch.tensor(0.5), "losses/reward_loss": torch.tensor(0.25)}
+    torch.save({"agent": agent.training_state()}, tmp_path / "checkpoint.pt")
+    resumed.load_training_state(torch.load(tmp_path / "checkpoint.pt", weights_only=True)["agent"])
+    assert {name: value.item() for name, value in resumed.encoder_losses.items()} == {
+        "losses/encoder_loss": 0.5, "losses/reward_loss": 0.25}
+    state = agent.training_state()
+    del state["encoder_losses"]  # a checkpoint from before they were kept: none until the next burst, as then
+    resumed.load_training_state(state)
+    assert resumed.encoder_losses == {}
+
 
 def tiny(runs_dir, **overrides) -> MRQConfig:
     settings = dict(env_id="InvertedPendulum-v5", total_timesteps=500, learning_starts=200, batch_size=32,
