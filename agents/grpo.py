@@ -35,13 +35,14 @@ The algorithm, top to bottom:
   gradient is accumulated over passes of n completions (each term weighted by its share of the minibatch's tokens
   or completions), then one step: the same step in less memory (TRL's gradient accumulation);
 - --loss-type grpo | dr_grpo | dapo | bnpo | gspo sets those options as TRL and verl name them (LOSS_TYPES);
-- every `eval_freq` iterations: greedy accuracy, pass@1 and unbiased pass@k on held-out prompts.
+- every `eval_freq` iterations: greedy accuracy, pass@1 and unbiased pass@k on held-out prompts
+  (--eval-split validation while choosing settings).
 
 TensorBoard: charts/episodic_return (mean reward), charts/episodic_length, charts/entropy,
 charts/zero_std_fraction, charts/verifier_errors, charts/SPS (iterations/s), charts/tokens_per_second
 (generated tokens/s), charts/learning_rate, losses/policy_loss, losses/kl, losses/entropy, losses/clip_fraction,
 losses/grad_norm, losses/warmup_loss, eval/greedy_accuracy, eval/pass@1, eval/pass@k. The step axis is the iteration (one batch of groups and
-its update). Run directories also hold config.json, eval.csv (mean_return: held-out greedy accuracy),
+its update). Run directories also hold config.json, eval.csv (mean_return: greedy accuracy on --eval-split),
 checkpoint.pt (resume with --resume RUN_DIR) and model.pt (GRPO.load).
 """
 
@@ -87,6 +88,7 @@ ALGO = "grpo"
 AGGREGATIONS = ("token-mean", "sequence-mean", "constant")
 SAMPLE_WEIGHTINGS = ("grpo", "rloo", "reinforce++", "psr", "nsr", "w-reinforce")
 PROMPT_FORMATS = ("auto", "plain", "chat")
+EVAL_SPLITS = ("heldout", "validation")
 IMPORTANCE_LEVELS = ("token", "sequence")
 _TOKEN_RATIO = {"importance_level": "token", "filter_zero_std": False}
 LOSS_TYPES = {
@@ -222,11 +224,14 @@ class GRPOConfig(RunOptions):
     warmup_lr: float = 1e-3
     """AdamW learning rate of the warm-up"""
     eval_freq: int = 20
-    """iterations between held-out evaluations (0: only after the warm-up and at the end)"""
+    """iterations between evaluations on `eval_split` (0: only after the warm-up and at the end)"""
+    eval_split: str = "heldout"
+    """split the evaluations read: 'heldout' (the figures a run reports) or 'validation' (for choosing settings, so
+    that the held-out split is never tuned on)"""
     eval_episodes: int = 100
-    """held-out prompts per evaluation (fewer if the held-out split has fewer)"""
+    """prompts of `eval_split` per evaluation (fewer if the split has fewer)"""
     eval_samples: int = 8
-    """sampled completions per held-out prompt for pass@k (n)"""
+    """sampled completions per evaluation prompt for pass@k (n)"""
     pass_k: int = 4
     """k of the reported pass@k (at most eval_samples)"""
     checkpoint_freq: int = 200
@@ -265,6 +270,9 @@ def validate(config: GRPOConfig) -> None:
                          f"--group-size {config.group_size} has one reward: raise --group-size.")
     if config.loss_aggregation not in AGGREGATIONS:
         raise ValueError(f"--loss-aggregation must be one of {AGGREGATIONS}, got {config.loss_aggregation!r}.")
+    if config.eval_split not in EVAL_SPLITS:
+        raise ValueError(f"--eval-split must be one of {EVAL_SPLITS}, got {config.eval_split!r} (the train split "
+                         f"is what the policy learns from).")
     if config.pass_k > config.eval_samples:
         raise ValueError(f"--pass-k {config.pass_k} needs at least that many --eval-samples "
                          f"(got {config.eval_samples}).")
@@ -738,11 +746,11 @@ class GRPOResult:
     global_step: int
     """iterations done"""
     final_eval_returns: np.ndarray
-    """held-out greedy reward of each final evaluation prompt"""
+    """greedy reward of each final evaluation prompt (of `config.eval_split`)"""
     sps: float
     """generated tokens per second of the training loop (updates and evaluations in it included)"""
     metrics: dict[str, float]
-    """final held-out greedy_accuracy, pass@1 and pass@k"""
+    """final greedy_accuracy, pass@1 and pass@k on `config.eval_split`"""
     history: list[dict[str, float]]
     """every evaluation: iteration, minutes since the start, and its metrics"""
 
@@ -763,20 +771,21 @@ def train(config: GRPOConfig) -> GRPOResult:
         task = build_task(config, agent.policy.tokenizer)
         env = GroupTokenEnv(task, agent.policy.tokenizer, config.num_prompts, config.group_size, config.max_new_tokens,
                             config.context_length, "train", seed=config.seed)
-        heldout = task.problems("heldout", config.eval_episodes, seed=0)  # the same held-out prompts for every seed
+        # the same evaluation prompts for every seed
+        eval_problems = task.problems(config.eval_split, config.eval_episodes, seed=0)
         # a prompt too long for the context fails here, before a run directory is made; so does a prompt that leaves
-        # less than max_new_tokens of room (checked on the prompts known now: the first batch and the held-out set;
+        # less than max_new_tokens of room (checked on the prompts known now: the first batch and the evaluation set;
         # a longer one drawn later is cut at the context by the env, and decoding holds its position ids in range)
         _, info = env.reset()
         check_room([len(ids) for ids in info["prompt_ids"]]
-                   + [len(agent.policy.tokenizer.encode(p.prompt, add_special_tokens=False)) for p in heldout],
+                   + [len(agent.policy.tokenizer.encode(p.prompt, add_special_tokens=False)) for p in eval_problems],
                    config.max_new_tokens, config.context_length, "--context-length")
         history: list[dict[str, float]] = []
 
         def evaluate_now(agent: GRPO, eval_seed: int) -> tuple[np.ndarray, None]:
-            """Greedy rewards on the held-out prompts (the same for every seed: `eval_seed` is not used); pass@1,
+            """Greedy rewards on the evaluation prompts (the same for every seed: `eval_seed` is not used); pass@1,
             pass@k and accuracy logged beside them and kept in the history."""
-            metrics = heldout_metrics(agent, task, heldout, config.eval_samples, config.pass_k)
+            metrics = heldout_metrics(agent, task, eval_problems, config.eval_samples, config.pass_k)
             greedy_rewards = metrics.pop("greedy_rewards")
             run.logger.scalars({f"eval/{name}": value for name, value in metrics.items()}, run.step)
             history.append({"iteration": run.step, "minutes": (time.perf_counter() - start_time) / 60, **metrics})
@@ -809,7 +818,8 @@ def train(config: GRPOConfig) -> GRPOResult:
             run.log({**stats, **losses, "charts/tokens_per_second": tokens / (time.perf_counter() - loop_start),
                      "charts/learning_rate": agent.optimizer.param_groups[0]["lr"]})
     metrics = {name: value for name, value in history[-1].items() if name not in ("iteration", "minutes")}
-    print(f"held-out after {run.step} iterations ({history[-1]['minutes']:.1f} min, {len(heldout)} prompts): "
+    print(f"{config.eval_split} after {run.step} iterations ({history[-1]['minutes']:.1f} min, "
+          f"{len(eval_problems)} prompts): "
           + ", ".join(f"{name} {value:.3f}" for name, value in metrics.items()))
     print(f"run saved in {run.dir}; open the curves with: tensorboard --logdir {Path(config.runs_dir)}")
     return GRPOResult(run_dir=run.dir, config=config, global_step=run.step, final_eval_returns=run.final_evaluation[0],

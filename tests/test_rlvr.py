@@ -486,6 +486,22 @@ def test_heldout_metrics_report_greedy_accuracy_and_pass_at_k():
     assert metrics["pass@1"] <= metrics["pass@3"] <= 0.5
 
 
+def test_eval_split_chooses_the_problems_every_evaluation_reads(tmp_path, monkeypatch):
+    pytest.importorskip("transformers")
+    evaluated = []
+
+    def recording(agent, task, problems, samples, k):
+        evaluated.append([problem.prompt for problem in problems])
+        return heldout_metrics(agent, task, problems, samples, k)
+
+    monkeypatch.setattr(grpo_module, "heldout_metrics", recording)
+    train(tiny_config(tmp_path, iterations=2, eval_split="validation"))
+    task = make_task("add")  # tiny_config's task and split fractions
+    validation = [problem.prompt for problem in task.problems("validation", 8, seed=0)]
+    assert len(evaluated) == 2 and all(prompts == validation for prompts in evaluated)
+    assert not set(validation) & {problem.prompt for problem in task.problems("heldout", 1000, seed=0)}
+
+
 def char_level_hf_tokenizer():
     from tokenizers import Regex, Tokenizer, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
@@ -534,6 +550,7 @@ def test_a_hugging_face_model_and_tokenizer_from_disk(tmp_path):
      "needs 17 positions, but --context-length holds 12"),
     (["--sample-weighting", "negative"], "--sample-weighting must be one of"),
     (["--positive-weight", "-0.1"], "--positive-weight must be non-negative"),
+    (["--eval-split", "train"], "--eval-split must be one of"),
 ])
 def test_bad_input_is_one_clear_line_and_exit_code_2(args, message, tmp_path, capsys):
     pytest.importorskip("transformers")

@@ -28,7 +28,7 @@ from keelrl.networks.char_lm import CharTokenizer
 
 OTHER = Settings(task_size=3, max_value=7, num_prompts=3, group_size=5, max_new_tokens=17, learning_rate=3e-6,
                  anneal_lr=False, weight_decay=0.01, max_grad_norm=0.5, beta=0.02, clip_low=0.1, clip_high=0.3,
-                 loss_type="grpo", scale_std=False, temperature=0.7, iterations=7, seed=4)
+                 loss_type="grpo", scale_std=False, temperature=0.7, iterations=7, eval_split="validation", seed=4)
 """settings away from every default, so that a side that ignored one would show"""
 
 
@@ -65,6 +65,7 @@ def test_both_sides_get_the_same_values(settings):
     assert trl["bf16"] is False and trl["fp16"] is False and keelrl.precision == settings.precision == "fp32"
     assert trl["activation_checkpointing"] is False and trl["disable_dropout"] is True
     assert trl["seed"] == keelrl.seed == settings.seed
+    assert keelrl.eval_split == settings.eval_split  # (the TRL side's evaluations read args.eval_split themselves)
     assert trl["shuffle_dataset"] is False  # TRL takes keelrl's prompt order
     assert keelrl.prompt_format == "chat" and keelrl.model == settings.model
 

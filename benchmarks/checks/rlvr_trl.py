@@ -123,11 +123,13 @@ class Settings:
     iterations: int = 100
     """N: iterations (one batch of P·G completions and one optimiser step each)"""
     eval_freq: int = 10
-    """iterations between held-out evaluations (also before the first and after the last)"""
+    """iterations between evaluations (also before the first and after the last)"""
+    eval_split: Literal["heldout", "validation"] = "heldout"
+    """problems evaluated on: 'heldout' (the page's figures) or 'validation' (for choosing settings)"""
     eval_episodes: int = 100
-    """held-out problems per evaluation (the held-out split may hold fewer)"""
+    """problems per evaluation (the split may hold fewer)"""
     eval_samples: int = 8
-    """sampled completions per held-out problem for pass@1 and pass@k"""
+    """sampled completions per evaluation problem for pass@1 and pass@k"""
     pass_k: int = 4
     """k of pass@k"""
     seed: int = 1
@@ -160,9 +162,9 @@ def keelrl_config(s: Settings, runs_dir: str = "runs") -> GRPOConfig:
         max_grad_norm=s.max_grad_norm, update_epochs=1, num_minibatches=1, loss_type=None, importance_level="token",
         sample_weighting="grpo", scale_std=s.scale_std, std_eps=1e-4, clip_low=s.clip_low, clip_high=s.clip_high,
         loss_aggregation=AGGREGATIONS[s.loss_type], beta=s.beta, ent_coef=0.0, top_entropy_fraction=1.0,
-        filter_zero_std=False, warmup_steps=0, eval_freq=s.eval_freq, eval_episodes=s.eval_episodes,
-        eval_samples=s.eval_samples, pass_k=s.pass_k, checkpoint_freq=s.iterations, checkpoint_minutes=0.0,
-        log_freq=1, seed=s.seed, threads=s.threads, quiet=True, runs_dir=runs_dir, device="cpu")
+        filter_zero_std=False, warmup_steps=0, eval_freq=s.eval_freq, eval_split=s.eval_split,
+        eval_episodes=s.eval_episodes, eval_samples=s.eval_samples, pass_k=s.pass_k, checkpoint_freq=s.iterations,
+        checkpoint_minutes=0.0, log_freq=1, seed=s.seed, threads=s.threads, quiet=True, runs_dir=runs_dir, device="cpu")
 
 
 def trl_kwargs(s: Settings) -> dict:
@@ -240,15 +242,15 @@ def run_keelrl(args: RunArgs) -> None:
 
 
 def run_base(args: RunArgs) -> None:
-    """The untrained model's held-out greedy accuracy, pass@1 and pass@k (one evaluation, no training)."""
+    """The untrained model's greedy accuracy, pass@1 and pass@k on eval_split (one evaluation, no training)."""
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
     config = keelrl_config(args)
     policy = build_policy(config)
     task = build_task(config, policy.tokenizer)
-    heldout = task.problems("heldout", args.eval_episodes, seed=0)
+    problems = task.problems(args.eval_split, args.eval_episodes, seed=0)
     clock = Clock()
-    _, row = clock.evaluation(lambda: grpo.heldout_metrics(EvalAgent(policy, config), task, heldout,
+    _, row = clock.evaluation(lambda: grpo.heldout_metrics(EvalAgent(policy, config), task, problems,
                                                            args.eval_samples, args.pass_k), args.pass_k)
     write_record(args, "base", clock, [row])
 
@@ -271,10 +273,10 @@ def command_of(side: str, args: RunArgs) -> str:
 def write_record(args: RunArgs, side: str, clock: Clock, evaluations: list[dict]) -> None:
     """The run's evaluations CSV and its one-row run CSV (settings, measurements, provenance)."""
     settings = {field.name: getattr(args, field.name) for field in dataclasses.fields(Settings)}
-    # the held-out split is the plain prompts' (a chat prompt keeps its plain prompt's), so plain problems count it
-    heldout = make_task(args.task, args.task_size, args.max_value).problems("heldout", args.eval_episodes, seed=0)
+    # a split is the plain prompts' (a chat prompt keeps its plain prompt's), so plain problems count it
+    evaluated = make_task(args.task, args.task_size, args.max_value).problems(args.eval_split, args.eval_episodes, 0)
     measured = clock.summary()
-    run = {"side": side, **settings, **measured, "eval_prompts": len(heldout), **versions(),
+    run = {"side": side, **settings, **measured, "eval_prompts": len(evaluated), **versions(),
            "threads_used": torch.get_num_threads(), "machine": machine_description(),
            "commit": commit_of(args.commit_note), "command": command_of(side, args)}
     write_run(args.out, run, evaluations)

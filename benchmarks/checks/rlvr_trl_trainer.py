@@ -117,7 +117,7 @@ def run_trl(args: RunArgs) -> None:
     model, tokenizer = load_model(str(packaged_model_file(args.model)))
     task = build_task(config, tokenizer)
     problems = keelrl_train_problems(task, args)
-    heldout = task.problems("heldout", args.eval_episodes, seed=0)
+    heldout = task.problems(args.eval_split, args.eval_episodes, seed=0)
     folder = Path(args.runs_dir) / f"trl-{args.task}-seed{args.seed}"
     if args.beta > 0:
         model.save_pretrained(folder / "reference")
