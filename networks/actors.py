@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -27,7 +28,11 @@ class _BoundedActor(nn.Module):
 
 
 class TanhGaussianActor(_BoundedActor):
-    """a = tanh(u) * scale + bias with u ~ N(mean(s), std(s)); log-std squashed into [min, max]."""
+    """a = tanh(u) * scale + bias with u ~ N(mean(s), std(s)); log-std squashed into [min, max].
+
+    The trunk is an MLP of `hidden_sizes` and the mean and log-std heads are `nn.Linear`s; SimBa and SimbaV2 give
+    their own `trunk` (of hidden_sizes[-1] output features) and `head(in_features, action_dim)`.
+    """
 
     def __init__(
         self,
@@ -38,12 +43,15 @@ class TanhGaussianActor(_BoundedActor):
         log_std_min: float = -5.0,
         log_std_max: float = 2.0,
         layer_norm: bool = False,
+        *,
+        trunk: nn.Module | None = None,
+        head: Callable[[int, int], nn.Module] = nn.Linear,
     ):
         super().__init__(action_low, action_high)
         action_dim = self.action_scale.numel()
-        self.trunk = hidden_layers(obs_dim, hidden_sizes, layer_norm=layer_norm)
-        self.mean = nn.Linear(hidden_sizes[-1], action_dim)
-        self.log_std = nn.Linear(hidden_sizes[-1], action_dim)
+        self.trunk = hidden_layers(obs_dim, hidden_sizes, layer_norm=layer_norm) if trunk is None else trunk
+        self.mean = head(hidden_sizes[-1], action_dim)
+        self.log_std = head(hidden_sizes[-1], action_dim)
         self.log_std_min = log_std_min
         self.log_std_max = log_std_max
 
@@ -73,7 +81,8 @@ class TanhGaussianActor(_BoundedActor):
 
 
 class DeterministicActor(_BoundedActor):
-    """a = tanh(mlp(s)) * scale + bias."""
+    """a = tanh(mlp(s)) * scale + bias; SimBa and SimbaV2 give their own `trunk` (of hidden_sizes[-1] output
+    features) and output layer `head(in_features, action_dim)` in place of the MLP."""
 
     def __init__(
         self,
@@ -82,10 +91,16 @@ class DeterministicActor(_BoundedActor):
         action_high: np.ndarray,
         hidden_sizes: tuple[int, ...] = (256, 256),
         layer_norm: bool = False,
+        *,
+        trunk: nn.Module | None = None,
+        head: Callable[[int, int], nn.Module] = nn.Linear,
     ):
         super().__init__(action_low, action_high)
-        self.net = mlp(obs_dim, hidden_sizes, self.action_scale.numel(), output_activation=nn.Tanh,
-                       layer_norm=layer_norm)
+        action_dim = self.action_scale.numel()
+        if trunk is None:
+            self.net = mlp(obs_dim, hidden_sizes, action_dim, output_activation=nn.Tanh, layer_norm=layer_norm)
+        else:
+            self.net = nn.Sequential(trunk, head(hidden_sizes[-1], action_dim), nn.Tanh())
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
         return self.net(obs).float() * self.action_scale + self.action_bias  # float32 also under bf16 autocast

@@ -97,7 +97,22 @@ class SimbaEncoder(nn.Module):
         return self.net(x)
 
 
-class SimbaCritic(nn.Module):
+class StateActionCritic(nn.Module):
+    """`num_critics` Q-networks in one batched pass over cat(obs, actions): an ensemble `encoder`, then its `output`
+    layer: (obs, actions) -> outputs (E, B, num_outputs)."""
+
+    def __init__(self, encoder: nn.Module, output: nn.Module, num_critics: int):
+        super().__init__()
+        self.num_critics = num_critics
+        self.encoder = encoder
+        self.output = output
+
+    def forward(self, obs: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
+        x = torch.cat([obs, actions], dim=-1)  # (B, obs_dim + action_dim)
+        return self.output(self.encoder(x)).float()  # (E, B, num_outputs), float32 also under bf16 autocast
+
+
+class SimbaCritic(StateActionCritic):
     """`num_critics` SimBa Q-networks in one batched pass: (obs, actions) -> outputs (E, B, num_outputs).
 
     Use `num_outputs = head.num_outputs` for a value head of networks/heads.py
@@ -113,14 +128,12 @@ class SimbaCritic(nn.Module):
         num_critics: int = 2,
         num_outputs: int = 1,
     ):
-        super().__init__()
-        self.num_critics = num_critics
-        self.encoder = SimbaEncoder(obs_dim + action_dim, hidden_dim, num_blocks, num_members=num_critics)
-        self.output = linear(hidden_dim, num_outputs, num_critics, nn.init.orthogonal_)
+        super().__init__(SimbaEncoder(obs_dim + action_dim, hidden_dim, num_blocks, num_members=num_critics),
+                         linear(hidden_dim, num_outputs, num_critics, nn.init.orthogonal_), num_critics)
 
-    def forward(self, obs: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
-        x = torch.cat([obs, actions], dim=-1)  # (B, obs_dim + action_dim)
-        return self.output(self.encoder(x)).float()  # (E, B, num_outputs), float32 also under bf16 autocast
+
+orthogonal_linear = partial(linear, num_members=None, init=nn.init.orthogonal_)
+"""(in_features, out_features) -> an nn.Linear with orthogonal weights and zero biases: SimBa's output layers"""
 
 
 class SimbaActor(TanhGaussianActor):
@@ -136,14 +149,8 @@ class SimbaActor(TanhGaussianActor):
         log_std_min: float = -10.0,
         log_std_max: float = 2.0,
     ):
-        # skip TanhGaussianActor.__init__ (it builds an MLP trunk); its forward/sample/act use the modules below
-        super(TanhGaussianActor, self).__init__(action_low, action_high)
-        action_dim = self.action_scale.numel()
-        self.trunk = SimbaEncoder(obs_dim, hidden_dim, num_blocks)
-        self.mean = linear(hidden_dim, action_dim, None, nn.init.orthogonal_)
-        self.log_std = linear(hidden_dim, action_dim, None, nn.init.orthogonal_)
-        self.log_std_min = log_std_min
-        self.log_std_max = log_std_max
+        super().__init__(obs_dim, action_low, action_high, (hidden_dim,), log_std_min, log_std_max,
+                         trunk=SimbaEncoder(obs_dim, hidden_dim, num_blocks), head=orthogonal_linear)
 
 
 class SimbaDeterministicActor(DeterministicActor):
@@ -157,10 +164,5 @@ class SimbaDeterministicActor(DeterministicActor):
         hidden_dim: int = 128,
         num_blocks: int = 1,
     ):
-        # skip DeterministicActor.__init__ (it builds an MLP); its forward uses `self.net`
-        super(DeterministicActor, self).__init__(action_low, action_high)
-        self.net = nn.Sequential(
-            SimbaEncoder(obs_dim, hidden_dim, num_blocks),
-            linear(hidden_dim, self.action_scale.numel(), None, nn.init.orthogonal_),
-            nn.Tanh(),
-        )
+        super().__init__(obs_dim, action_low, action_high, (hidden_dim,),
+                         trunk=SimbaEncoder(obs_dim, hidden_dim, num_blocks), head=orthogonal_linear)

@@ -33,7 +33,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from keelrl.networks.actors import DeterministicActor, TanhGaussianActor
-from keelrl.networks.simba import check_sizes
+from keelrl.networks.simba import StateActionCritic, check_sizes
 
 EPS = 1e-8
 
@@ -172,7 +172,7 @@ class _ProjectsWeights:
         project_weight_rows_(self)
 
 
-class SimbaV2Critic(_ProjectsWeights, nn.Module):
+class SimbaV2Critic(_ProjectsWeights, StateActionCritic):
     """`num_critics` SimbaV2 Q-networks in one batched pass: (obs, actions) -> logits (E, B, num_outputs).
 
     The default 101 outputs are the logits of `C51Head(-5, 5, 101)`, SimbaV2's categorical critic.
@@ -188,14 +188,8 @@ class SimbaV2Critic(_ProjectsWeights, nn.Module):
         num_outputs: int = 101,
         c_shift: float = 3.0,
     ):
-        super().__init__()
-        self.num_critics = num_critics
-        self.encoder = SimbaV2Encoder(obs_dim + action_dim, hidden_dim, num_blocks, num_critics, c_shift)
-        self.output = HyperPredictor(hidden_dim, num_outputs, num_critics)
-
-    def forward(self, obs: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
-        x = torch.cat([obs, actions], dim=-1)  # (B, obs_dim + action_dim)
-        return self.output(self.encoder(x)).float()  # (E, B, num_outputs), float32 also under bf16 autocast
+        super().__init__(SimbaV2Encoder(obs_dim + action_dim, hidden_dim, num_blocks, num_critics, c_shift),
+                         HyperPredictor(hidden_dim, num_outputs, num_critics), num_critics)
 
 
 class SimbaV2Actor(_ProjectsWeights, TanhGaussianActor):
@@ -212,14 +206,8 @@ class SimbaV2Actor(_ProjectsWeights, TanhGaussianActor):
         log_std_max: float = 2.0,
         c_shift: float = 3.0,
     ):
-        # skip TanhGaussianActor.__init__ (it builds an MLP trunk); its forward/sample/act use the modules below
-        super(TanhGaussianActor, self).__init__(action_low, action_high)
-        action_dim = self.action_scale.numel()
-        self.trunk = SimbaV2Encoder(obs_dim, hidden_dim, num_blocks, c_shift=c_shift)
-        self.mean = HyperPredictor(hidden_dim, action_dim)
-        self.log_std = HyperPredictor(hidden_dim, action_dim)
-        self.log_std_min = log_std_min
-        self.log_std_max = log_std_max
+        super().__init__(obs_dim, action_low, action_high, (hidden_dim,), log_std_min, log_std_max,
+                         trunk=SimbaV2Encoder(obs_dim, hidden_dim, num_blocks, c_shift=c_shift), head=HyperPredictor)
 
 
 class SimbaV2DeterministicActor(_ProjectsWeights, DeterministicActor):
@@ -234,10 +222,5 @@ class SimbaV2DeterministicActor(_ProjectsWeights, DeterministicActor):
         num_blocks: int = 1,
         c_shift: float = 3.0,
     ):
-        # skip DeterministicActor.__init__ (it builds an MLP); its forward uses `self.net`
-        super(DeterministicActor, self).__init__(action_low, action_high)
-        self.net = nn.Sequential(
-            SimbaV2Encoder(obs_dim, hidden_dim, num_blocks, c_shift=c_shift),
-            HyperPredictor(hidden_dim, self.action_scale.numel()),
-            nn.Tanh(),
-        )
+        super().__init__(obs_dim, action_low, action_high, (hidden_dim,),
+                         trunk=SimbaV2Encoder(obs_dim, hidden_dim, num_blocks, c_shift=c_shift), head=HyperPredictor)
