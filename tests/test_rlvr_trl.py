@@ -116,8 +116,8 @@ class Measured:
 
 
 def synthetic_run(out, side, seed, tokens_per_second, peak, final, training_seconds=100.0, generation=60.0,
-                  prompts=""):
-    args = RunArgs(seed=seed, iterations=10, eval_freq=5, eval_episodes=4, out=str(out))
+                  prompts="", **settings):
+    args = RunArgs(seed=seed, iterations=10, eval_freq=5, eval_episodes=4, out=str(out), **settings)
     measured = Measured(iterations_done=10, generated_tokens=int(tokens_per_second * training_seconds),
                         training_seconds=training_seconds, generation_seconds=generation,
                         update_seconds=training_seconds - generation, training_cpu_seconds=training_seconds,
@@ -141,7 +141,10 @@ def test_page_means_and_ratios_come_from_the_csvs(tmp_path):
     synthetic_run(tmp_path, "keelrl", 2, 120.0, 1200.0, 0.7, generation=40.0)
     synthetic_run(tmp_path, "trl", 1, 50.0, 2000.0, 0.5, training_seconds=200.0)
     synthetic_run(tmp_path, "trl", 2, 60.0, 2000.0, 0.3, training_seconds=200.0, prompts="other")
-    runs = read_runs(tmp_path)
+    for lr, final in ((1e-6, 0.2), (1e-5, 0.9)):  # the runs that chose the learning rate, in subfolders
+        synthetic_run(tmp_path / "validation" / f"lr{lr:g}", "keelrl", 1, 10.0, 1.0, final, eval_split="validation",
+                      learning_rate=lr)
+    runs = [r for r in read_runs(tmp_path) if r["eval_split"] == "heldout"]
     keelrl = summarize([r for r in runs if r["side"] == "keelrl"])
     trl = summarize([r for r in runs if r["side"] == "trl"])
     assert keelrl["tokens_per_second"] == pytest.approx((110.0, np.std([100, 120], ddof=1)))
@@ -162,7 +165,11 @@ def test_page_means_and_ratios_come_from_the_csvs(tmp_path):
     assert "110.0 ± 14.1" in page and "1,100 ± 141" in page
     assert ("keelrl / TRL (ratios of the means): tokens/s 2.00×, peak RSS 0.55×, seconds per iteration 0.50× "
             "(generation 0.83×, update 0.36×), CPU seconds per iteration 0.50×.") in page
-    assert "do not share" not in page
+    assert "do not share" not in page  # (the validation runs' learning rates are not the held-out runs' settings)
+    assert ("| learning rate | side | seed | iterations | greedy at 0 | greedy at N | pass@1 | pass@4 |\n"
+            "|---:|---|---:|---:|---:|---:|---:|---:|\n"
+            "| 1e-05 | keelrl | 1 | 10 | 0.00 | 0.90 | 0.90 | 1.00 |\n"
+            "| 1e-06 | keelrl | 1 | 10 | 0.00 | 0.20 | 0.20 | 0.40 |\n") in page
     assert "(digests of every iteration's prompts): seeds [1]; DIFFERENT for seeds [2]." in page
     assert '"num_generations": 8' in page and (tmp_path / "add_curves.png").is_file()
     assert str(tmp_path) not in page  # no local path on a results page

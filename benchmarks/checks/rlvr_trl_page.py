@@ -45,10 +45,10 @@ class PageArgs:
 
 
 def read_runs(results: Path) -> list[dict]:
-    """Every run in the folder: its run CSV's row (numbers as floats), its figures after the last iteration and per
+    """Every run in the folder and its subfolders (the validation runs that chose settings): its run CSV's row (numbers as floats), its figures after the last iteration and per
     iteration, and its evaluations."""
     runs = []
-    for path in sorted(results.glob("*_run.csv")):
+    for path in sorted(results.rglob("*_run.csv")):
         run = {name: number(value) for name, value in read_csv_rows(path)[0].items()}
         run["evals"] = [{name: float(value) for name, value in row.items()}
                         for row in read_csv_rows(path.with_name(path.name.replace("_run.csv", "_evals.csv")))]
@@ -128,12 +128,37 @@ def run_table(runs: list[dict], k: int) -> list[str]:
     return lines
 
 
+def split_of(run: dict) -> str:
+    """The split a run's evaluations read (runs written before --eval-split read the held-out one)."""
+    return run.get("eval_split", "heldout")
+
+
+def validation_table(runs: list[dict]) -> list[str]:
+    """The runs on the validation split that chose the settings, best greedy accuracy at N first."""
+    if not runs:
+        return []
+    k = int(runs[0]["pass_k"])
+    lines = ["Settings chosen on the validation split (never on the held-out one): keelrl runs, each scored on "
+             f"{runs[0]['eval_prompts']:g} validation prompts; the other settings as below unless listed.", "",
+             f"| learning rate | side | seed | iterations | greedy at 0 | greedy at N | pass@1 | pass@{k} |",
+             "|---:|---|---:|---:|---:|---:|---:|---:|"]
+    for r in sorted(runs, key=lambda r: (-r["greedy_accuracy"], -r["pass_at_1"])):
+        lines.append(f"| {r['learning_rate']:g} | {SIDES[r['side']]} | {r['seed']:g} | {r['iterations_done']:g} | "
+                     f"{r['evals'][0]['greedy_accuracy']:.2f} | {r['greedy_accuracy']:.2f} | {r['pass_at_1']:.2f} | "
+                     f"{r['pass_at_k']:.2f} |")
+    if differing := [name for name in differing_settings(runs) if name != "learning_rate"]:
+        lines += ["", f"The validation runs differ in: {', '.join(differing)}."]
+    return lines + [""]
+
+
 def task_section(task: str, runs: list[dict], results: Path, figure_link: str) -> str:
+    validation = [r for r in runs if split_of(r) == "validation"]
+    runs = [r for r in runs if split_of(r) == "heldout"]
     by_side = {side: sorted((r for r in runs if r["side"] == side), key=lambda r: r["seed"])
                for side in ("base", "keelrl", "trl")}
     first = (by_side["keelrl"] or by_side["trl"] or by_side["base"])[0]
     k = int(first["pass_k"])
-    lines = [f"### {task}", "", f"Settings (both sides): {settings_text(first)}.", ""]
+    lines = [f"### {task}", "", *validation_table(validation), f"Settings (both sides): {settings_text(first)}.", ""]
     if differing := differing_settings(runs):
         lines += [f"**The runs do not share these settings: {', '.join(differing)}.**", ""]
     for base in by_side["base"]:
@@ -223,8 +248,9 @@ def write_page(args: PageArgs) -> None:
     for task in sorted({r["task"] for r in runs}):
         task_runs = [r for r in runs if r["task"] == task]
         figure = results / f"{task}_curves.png"
-        if any(r["side"] != "base" for r in task_runs):
-            plot(task_runs, figure, task)
+        heldout = [r for r in task_runs if split_of(r) == "heldout"]
+        if any(r["side"] != "base" for r in heldout):
+            plot(heldout, figure, task)
         sections.append(task_section(task, task_runs, results, os.path.relpath(figure, Path(args.output).parent)))
     text = "\n\n".join([
         "Written by `python -m keelrl.benchmarks.checks.rlvr_trl page` from the CSVs in "
