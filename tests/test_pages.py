@@ -10,8 +10,9 @@ that had not finished (they were read from its run directory; --from-committed t
 not compared.
 A page that fails here says something its committed data no longer does: make it again with the command it names.
 
-The benchmarks/checks/ writers read run directories, never committed files, so no page of theirs is made again here;
-the hand-written pages name the commands of their runs themselves.
+The benchmarks/checks/ writers read run directories, so no page of theirs is made again here, but for mrq_page.py,
+which reads committed tables (tests/test_mrq_page.py makes mrq.md again); the hand-written pages name the commands of
+their runs themselves.
 """
 
 from __future__ import annotations
@@ -66,7 +67,10 @@ def regenerating(arguments: list[str], runs_dir: Path, out_dir: Path) -> list[st
 
 
 def without_provenance(text: str) -> list[str]:
-    return [line for line in text.splitlines() if not (line.startswith("- ") and line[2:].startswith(PROVENANCE))]
+    """The page's lines but its provenance, its images' links (a page drew the curves of runs not finished yet,
+    which --from-committed leaves out; the PNGs are not compared) and blank lines."""
+    return [line for line in text.splitlines()
+            if line and not (line.startswith("- ") and line[2:].startswith(PROVENANCE)) and not line.startswith("![")]
 
 
 def same_lines(committed: list[str], made: list[str], name: str) -> None:
