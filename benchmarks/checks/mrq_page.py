@@ -25,6 +25,7 @@ from keelrl.agents.harness.options import parse_command_line
 from keelrl.agents.mrq import MRQConfig
 from keelrl.benchmarks.aggregate import FINISHED, RunResult, run_outcome, steps_text
 from keelrl.benchmarks.anchors import Anchor, compare, load_anchors
+from keelrl.benchmarks.leaderboard.cli import Args as LeaderboardArgs
 from keelrl.benchmarks.report import read_runs_tables
 
 TASK = "Hopper-v4"
@@ -33,7 +34,8 @@ UPDATE_MS = {"fp32": 312, "bf16": 179}
 """one MR.Q update on one core of an AMD EPYC with avx512_bf16, from the message of commit COST_COMMIT"""
 COST_COMMIT = "42f807d"
 MIN_BOOTSTRAP_SEEDS = 3
-REPS = 10_000
+REPS = LeaderboardArgs.bootstrap_reps
+"""bootstrap resamples of the verdict: the leaderboard's"""
 CELLS_COMMAND = ("taskset -c 1 python -m keelrl.benchmarks.leaderboard --grid mrq-hopper --workers 1 --runs-dir RUNS "
                  "--from-committed")
 PAGE_COMMAND = "python -m keelrl.benchmarks.checks.mrq_page"

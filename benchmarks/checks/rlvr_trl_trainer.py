@@ -67,14 +67,14 @@ class Evaluations(TrainerCallback):
     step) and the iteration clock (an iteration starts at each step)."""
 
     def __init__(self, clock: Clock, agent_of: Callable[[torch.nn.Module], EvalAgent], task: Task,
-                 heldout: list[Problem], args: RunArgs):
-        self.clock, self.agent_of, self.task, self.heldout, self.args = clock, agent_of, task, heldout, args
+                 problems: list[Problem], args: RunArgs):
+        self.clock, self.agent_of, self.task, self.problems, self.args = clock, agent_of, task, problems, args
         self.rows: list[dict] = []
 
     def evaluate(self, model) -> None:
         was_training = model.training
         agent = self.agent_of(model)  # LMPolicy puts the model in eval mode (no dropout), as keelrl's side has it
-        _, row = self.clock.evaluation(lambda: heldout_metrics(agent, self.task, self.heldout, self.args.eval_samples,
+        _, row = self.clock.evaluation(lambda: heldout_metrics(agent, self.task, self.problems, self.args.eval_samples,
                                                                self.args.pass_k), self.args.pass_k)
         self.rows.append(row)
         model.train(was_training)
@@ -117,7 +117,7 @@ def run_trl(args: RunArgs) -> None:
     model, tokenizer = load_model(str(packaged_model_file(args.model)))
     task = build_task(config, tokenizer)
     problems = keelrl_train_problems(task, args)
-    heldout = task.problems(args.eval_split, args.eval_episodes, seed=0)
+    problems = task.problems(args.eval_split, args.eval_episodes, seed=0)
     folder = Path(args.runs_dir) / f"trl-{args.task}-seed{args.seed}"
     if args.beta > 0:
         model.save_pretrained(folder / "reference")
@@ -131,7 +131,7 @@ def run_trl(args: RunArgs) -> None:
         return EvalAgent(LMPolicy(trained, tokenizer, args.temperature, args.precision), config)
 
     clock = Clock()
-    callback = Evaluations(clock, agent_of, task, heldout, args)
+    callback = Evaluations(clock, agent_of, task, problems, args)
     kwargs = trl_kwargs(args)
     trainer = TimedGRPOTrainer(model=model, reward_funcs=reward, args=TRLConfig(output_dir=str(folder), **kwargs),
                                train_dataset=train_dataset(task, problems, tokenizer), processing_class=tokenizer,
