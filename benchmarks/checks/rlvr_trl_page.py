@@ -259,7 +259,7 @@ def write_page(args: PageArgs) -> None:
         "time counts whole iterations, evaluations left out; generation is sampling plus scoring, the update the "
         "rest of an iteration; CPU seconds are the process's over the same spans (they tell the cost where other "
         "work shares the core); peak RSS is the process's peak during the iterations. Means are over seeds, ± the "
-        "sample standard deviation.",
+        "sample standard deviation (ddof 1).",
         *sections,
         "Known differences (the settings match; these do not):\n\n" + "\n".join(f"- {d}" for d in KNOWN_DIFFERENCES),
         "\n".join(provenance(runs)),
