@@ -76,7 +76,7 @@ def test_one_finished_seed_lies_within_or_outside_the_range_and_the_goal_says_so
     assert verdict_line(page, "100k").endswith(f"seed 1: {value:.1f} {where} the published range [1000.0, 3000.0].")
     goal = next(line for line in page.splitlines() if line.startswith("Goal"))
     assert goal.endswith("holds for the 1 seed(s) there, 2 of 3 planned still to come." if where == "within"
-                         else "missed (seeds [1] outside): compare with the paper line by line.")
+                         else "missed (seeds [1] outside); compared with the reference below.")
     assert "seed 1: 2.78 steps/s, 10.0 h" in page
 
 
@@ -88,7 +88,7 @@ def test_three_seeds_get_the_bootstrap_verdict(tmp_path):
     assert "Goal (matches the published MR.Q at 100k): holds." in at_mean
     low = build_page(results_folder(tmp_path / "b", [[100.0] * 10 for _ in range(3)]), fake_anchors())
     assert "**below** (keelrl − published -1900.0" in verdict_line(low, "100k")
-    assert "Goal (matches the published MR.Q at 100k): missed (below): compare with the paper line by line." in low
+    assert "Goal (matches the published MR.Q at 100k): missed (below); compared with the reference below." in low
 
 
 def test_the_same_files_make_the_same_page(tmp_path):
@@ -100,7 +100,8 @@ def test_the_same_files_make_the_same_page(tmp_path):
     write_page(PageArgs(results=results, output=str(output)), fake_anchors())
     assert output.read_text() == first
     assert (output.parent / "mrq_hopper.png").stat().st_size > 0
-    assert first.endswith("![Hopper-v4: keelrl MR.Q seeds, keelrl SAC's mean, the published seeds](mrq_hopper.png)\n")
+    assert "\n![Hopper-v4: keelrl MR.Q seeds, keelrl SAC's mean, the published seeds](mrq_hopper.png)\n" in first
+    assert first.split("\n## Compared with the reference, line by line\n")[1].count("\n- ") == 5
 
 
 def test_the_committed_page_is_what_the_writer_makes_of_the_committed_tables(tmp_path, monkeypatch):
