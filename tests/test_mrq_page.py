@@ -67,7 +67,7 @@ def test_one_unfinished_seed_is_set_against_the_published_range_and_not_reached_
     assert "## At 150k" not in page  # past the budget
     assert "| published MR.Q | 10 | – | 2000.0 ± 638.3 | 1000.0–3000.0 |" in page
     assert "| 50k | 100.0 | – | – | 100.0 (1 seed) | 501.0 | 502.0 | 503.0 | 502.0 ± 0.8 |" in page
-    assert "Measured (finished runs, steps over wall time): not measured." in page
+    assert "so an upper bound of the cost): not measured." in page
 
 
 @pytest.mark.parametrize("value, where", [(2500.0, "within"), (3500.0, "above")])

@@ -139,7 +139,9 @@ def cost(mrq: list[RunResult]) -> list[str]:
             "benchmarks/perf/update_time.py does not time MR.Q). One update per step after the "
             f"{steps_text(MRQConfig.learning_starts)} random steps: about {hours['fp32']:.1f} h in fp32 and "
             f"{hours['bf16']:.1f} h in bf16 of updates per {steps_text(mrq[0].budget)} {TASK} steps.",
-            "", "Measured (finished runs, steps over wall time): " + ("; ".join(measured) or "not measured") + "."]
+            "", "Measured (finished runs, steps over wall time summed over the sessions that ran them, on a core "
+            "shared at nice 19 with other runs in some of them, so an upper bound of the cost): "
+            + ("; ".join(measured) or "not measured") + "."]
 
 
 def side(value: float, theirs: np.ndarray) -> str:
