@@ -38,7 +38,8 @@ The algorithm, top to bottom:
 - every `eval_freq` iterations: greedy accuracy, pass@1 and unbiased pass@k on held-out prompts
   (--eval-split validation while choosing settings).
 
-TensorBoard: charts/episodic_return (mean reward), charts/episodic_length, charts/entropy,
+TensorBoard: charts/episodic_return (mean reward), charts/episodic_length, charts/max_length (TRL's
+completions/max_length; a sampling round decodes until its longest row ends), charts/entropy,
 charts/zero_std_fraction, charts/verifier_errors, charts/SPS (iterations/s), charts/tokens_per_second
 (generated tokens/s), charts/learning_rate, losses/policy_loss, losses/kl, losses/entropy, losses/clip_fraction,
 losses/grad_norm, losses/warmup_loss, eval/greedy_accuracy, eval/pass@1, eval/pass@k. The step axis is the iteration (one batch of groups and
@@ -697,6 +698,7 @@ def collect(agent: GRPO, env: GroupTokenEnv) -> tuple[Completions | None, torch.
     stats = {
         "charts/episodic_return": torch.cat(drawn_rewards).mean().item(),
         "charts/episodic_length": torch.cat(lengths).mean().item(),
+        "charts/max_length": torch.cat(lengths).max().item(),  # a round decodes until its longest row ends
         "charts/entropy": torch.cat(entropies).mean().item(),
         "charts/zero_std_fraction": zero_std_groups / groups,
         "charts/verifier_errors": errors,

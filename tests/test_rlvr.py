@@ -386,6 +386,19 @@ def test_dynamic_filtering_keeps_only_groups_whose_rewards_differ(tmp_path):
     assert informative_groups(rewards, 4).all()
 
 
+def test_collect_reports_the_mean_and_the_longest_completion_length(tmp_path):
+    config = tiny_config(tmp_path, num_prompts=4, group_size=4)
+    agent = GRPO(make_policy(), config)
+    env = GroupTokenEnv(StartsLow(), TOKENIZER, 4, 4, config.max_new_tokens, config.context_length, seed=0)
+    torch.manual_seed(0)
+    batch, _, stats = collect(agent, env)
+    lengths = batch.mask.sum(1).float()  # (16,) generated tokens per row
+    assert lengths.min() < lengths.max()  # rows of different lengths, so max and mean differ
+    assert stats["charts/max_length"] == lengths.max().item()
+    assert stats["charts/episodic_length"] == pytest.approx(lengths.mean().item())
+    assert stats["charts/generated_tokens"] == lengths.sum().item()
+
+
 # ---- training, evaluation, checkpoints ----
 
 def test_tiny_run_logs_checkpoints_loads_and_is_deterministic(tmp_path):
