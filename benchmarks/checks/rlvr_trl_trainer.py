@@ -117,7 +117,7 @@ def run_trl(args: RunArgs) -> None:
     model, tokenizer = load_model(str(packaged_model_file(args.model)))
     task = build_task(config, tokenizer)
     problems = keelrl_train_problems(task, args)
-    problems = task.problems(args.eval_split, args.eval_episodes, seed=0)
+    eval_problems = task.problems(args.eval_split, args.eval_episodes, seed=0)
     folder = Path(args.runs_dir) / f"trl-{args.task}-seed{args.seed}"
     if args.beta > 0:
         model.save_pretrained(folder / "reference")
@@ -131,7 +131,7 @@ def run_trl(args: RunArgs) -> None:
         return EvalAgent(LMPolicy(trained, tokenizer, args.temperature, args.precision), config)
 
     clock = Clock()
-    callback = Evaluations(clock, agent_of, task, problems, args)
+    callback = Evaluations(clock, agent_of, task, eval_problems, args)
     kwargs = trl_kwargs(args)
     trainer = TimedGRPOTrainer(model=model, reward_funcs=reward, args=TRLConfig(output_dir=str(folder), **kwargs),
                                train_dataset=train_dataset(task, problems, tokenizer), processing_class=tokenizer,
