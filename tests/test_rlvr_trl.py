@@ -20,7 +20,8 @@ from keelrl.benchmarks.checks.rlvr_trl import (
     trl_kwargs,
     write_record,
 )
-from keelrl.benchmarks.checks.rlvr_trl_page import PageArgs, SECTION, ratios, read_runs, summarize, write_page
+from keelrl.benchmarks.checks.rlvr_trl_page import (FIGURES, PageArgs, SECTION, goal_lines, ratios, read_runs,
+                                                     summarize, write_page)
 from keelrl.benchmarks.checks.rlvr_trl_record import Clock, run_file
 from keelrl.envs.rlvr_tasks import make_task
 from keelrl.envs.token_env import GroupTokenEnv
@@ -171,8 +172,29 @@ def test_page_means_and_ratios_come_from_the_csvs(tmp_path):
             "| 1e-05 | keelrl | 1 | 10 | 0.00 | 0.90 | 0.90 | 1.00 |\n"
             "| 1e-06 | keelrl | 1 | 10 | 0.00 | 0.20 | 0.20 | 0.40 |\n") in page
     assert "(digests of every iteration's prompts): seeds [1]; DIFFERENT for seeds [2]." in page
+    assert "generation (sampling and scoring) takes 50% of keelrl's mean iteration and 30% of TRL's" in page
+    assert ("- keelrl above the untrained model by more than its seeds' spread: greedy 0.25 → 0.60 (mean of 2), a "
+            "gain of 0.35 against a spread (max − min) of 0.20; the untrained model starts at 0.25 (the goal asks "
+            "for [0.20, 0.70]): **met**.") in page
+    assert ("- keelrl's greedy accuracy at N within or above TRL's seeds: 0.60 against TRL's [0.30, 0.50], above: "
+            "**met**.\n- keelrl's tokens/s at least TRL's: 2.00×: **met**.") in page
     assert '"num_generations": 8' in page and (tmp_path / "add_curves.png").is_file()
     assert str(tmp_path) not in page  # no local path on a results page
+
+
+def test_goals_say_missed_and_not_measured():
+    keelrl = [{**dict.fromkeys(FIGURES, 1.0), "greedy_accuracy": a, "tokens_per_second": 9.0} for a in (0.5, 0.9)]
+    trl = [{**dict.fromkeys(FIGURES, 1.0), "greedy_accuracy": a, "tokens_per_second": 10.0} for a in (0.8, 0.85)]
+    summaries = {"keelrl": summarize(keelrl), "trl": summarize(trl)}
+    lines = goal_lines({"base": [{"greedy_accuracy": 0.3}], "keelrl": keelrl, "trl": trl}, summaries)
+    assert lines[2].endswith("a gain of 0.40 against a spread (max − min) of 0.40; the untrained model starts at "
+                             "0.30 (the goal asks for [0.20, 0.70]): **missed**.")  # a gain equal to the spread
+    assert lines[3].endswith("0.70 against TRL's [0.80, 0.85], below: **missed**.")
+    assert lines[4].endswith("0.90×: **missed**.")
+    high_start = goal_lines({"base": [{"greedy_accuracy": 0.1}], "keelrl": keelrl[1:], "trl": []}, summaries)
+    assert high_start[2].endswith("starts at 0.10 (the goal asks for [0.20, 0.70]): **missed**.")  # outside START
+    assert high_start[3:] == ["- keelrl's greedy accuracy at N within or above TRL's seeds: not measured.",
+                              "- keelrl's tokens/s at least TRL's: not measured."]
 
 
 def test_settings_fields_are_all_recorded(tmp_path):

@@ -3,12 +3,13 @@
     python -m keelrl.benchmarks.checks.rlvr_trl page [--results benchmarks/results/rlvr_trl] [--output ...]
 
 Made from the committed CSVs of the runs alone (`{task}_{side}_seed{seed}_run.csv` and `..._evals.csv`, side base,
-keelrl or trl) and the TRL runs' GRPOConfig JSON; the other sections of the Markdown file stay as they are. Per task:
-the untrained model's held-out greedy accuracy and pass@k; per side and seed the figures after the last iteration,
-tokens/s, peak RSS and where the time goes; per side the mean ± sample standard deviation over seeds and the
-keelrl / TRL ratios of the means; whether both sides trained on the same prompt tokens; the known differences;
-the TRL GRPOConfig; commands, machine, commit. The PNG: held-out greedy accuracy against the iteration and against
-the training minute, each seed thin, the mean over seeds thick.
+keelrl or trl) and the TRL runs' GRPOConfig JSON; the other sections of the Markdown file stay as they are. Per
+task: the untrained model's held-out greedy accuracy and pass@k; per side and seed the figures after the last
+iteration, tokens/s, peak RSS and where the time goes; per side the mean ± sample standard deviation over seeds and
+the keelrl / TRL ratios of the means; whether both sides trained on the same prompt tokens; where each side's time
+goes; the issue's goals, met or missed; the known differences; the TRL GRPOConfig; commands, machine, commit. The
+PNG: held-out greedy accuracy against the iteration and against the training minute, each seed thin, the mean over
+seeds thick.
 """
 
 from __future__ import annotations
@@ -32,6 +33,8 @@ FIGURES = {"greedy_accuracy": 2, "pass_at_1": 2, "pass_at_k": 2, "tokens_per_sec
            "seconds_per_iteration": 2, "generation_per_iteration": 2, "update_per_iteration": 2,
            "cpu_per_iteration": 2}
 """what is averaged over a side's seeds (the ratios are of these means), with the decimals the page gives it"""
+START = (0.2, 0.7)
+"""the untrained model's held-out greedy accuracy at which the issue's gain goal applies"""
 RATIOS = ("tokens_per_second", "peak_rss_mb", "seconds_per_iteration", "generation_per_iteration",
           "update_per_iteration", "cpu_per_iteration")
 
@@ -45,8 +48,8 @@ class PageArgs:
 
 
 def read_runs(results: Path) -> list[dict]:
-    """Every run in the folder and its subfolders (the validation runs that chose settings): its run CSV's row (numbers as floats), its figures after the last iteration and per
-    iteration, and its evaluations."""
+    """Every run in the folder and its subfolders (the validation runs that chose settings): its run CSV's row
+    (numbers as floats), its figures after the last iteration and per iteration, and its evaluations."""
     runs = []
     for path in sorted(results.rglob("*_run.csv")):
         run = {name: number(value) for name, value in read_csv_rows(path)[0].items()}
@@ -128,6 +131,46 @@ def run_table(runs: list[dict], k: int) -> list[str]:
     return lines
 
 
+def goal_lines(by_side: dict[str, list[dict]], summaries: dict) -> list[str]:
+    """The issue's three goals on the held-out runs, each "met", "missed" or "not measured": keelrl's gain in greedy
+    accuracy over the untrained model (which must start within START) against the spread (max − min) of keelrl's
+    seeds; keelrl's mean against the range of TRL's seeds; keelrl's tokens/s against TRL's."""
+    keelrl = [r["greedy_accuracy"] for r in by_side["keelrl"]]
+    trl = [r["greedy_accuracy"] for r in by_side["trl"]]
+    lines = []
+    if keelrl and by_side["base"]:
+        start, mean, spread = by_side["base"][0]["greedy_accuracy"], float(np.mean(keelrl)), max(keelrl) - min(keelrl)
+        met = START[0] <= start <= START[1] and mean - start > spread
+        lines.append(f"keelrl above the untrained model by more than its seeds' spread: greedy {start:.2f} → "
+                     f"{mean:.2f} (mean of {len(keelrl)}), a gain of {mean - start:.2f} against a spread (max − min) "
+                     f"of {spread:.2f}; the untrained model starts at {start:.2f} (the goal asks for "
+                     f"[{START[0]:.2f}, {START[1]:.2f}]): **{'met' if met else 'missed'}**.")
+    else:
+        lines.append("keelrl above the untrained model by more than its seeds' spread: not measured.")
+    if keelrl and trl:
+        mean, low, high = float(np.mean(keelrl)), min(trl), max(trl)
+        where = "below" if mean < low else "within" if mean <= high else "above"
+        lines.append(f"keelrl's greedy accuracy at N within or above TRL's seeds: {mean:.2f} against TRL's "
+                     f"[{low:.2f}, {high:.2f}], {where}: **{'missed' if where == 'below' else 'met'}**.")
+        ratio = ratios(summaries["keelrl"], summaries["trl"])["tokens_per_second"]
+        lines.append(f"keelrl's tokens/s at least TRL's: {ratio:.2f}×: **{'met' if ratio >= 1 else 'missed'}**.")
+    else:
+        lines += ["keelrl's greedy accuracy at N within or above TRL's seeds: not measured.",
+                  "keelrl's tokens/s at least TRL's: not measured."]
+    return ["Goals:", "", *(f"- {line}" for line in lines)]
+
+
+def time_lines(summaries: dict) -> list[str]:
+    """Where each side's iteration goes: the generation share of the mean iteration, the update the rest."""
+    shares = {side: s["generation_per_iteration"][0] / s["seconds_per_iteration"][0] for side, s in summaries.items()}
+    return [f"Where the time goes: generation (sampling and scoring) takes {shares['keelrl']:.0%} of keelrl's mean "
+            f"iteration and {shares['trl']:.0%} of TRL's; the update (the loss's forward and backward passes over all "
+            "P × G completions, and the AdamW step) the rest. Both decoders are equally fast on a fixed batch "
+            "(Rollout speed, above), but a batch decodes until its longest completion ends, so a side's generation "
+            "time per iteration follows the longest completions its policy happens to write (keelrl's GRPO logs them "
+            "as charts/max_length, TRL as completions/max_length)."]
+
+
 def split_of(run: dict) -> str:
     """The split a run's evaluations read (runs written before --eval-split read the held-out one)."""
     return run.get("eval_split", "heldout")
@@ -180,7 +223,9 @@ def task_section(task: str, runs: list[dict], results: Path, figure_link: str) -
                       f"{r['peak_rss_mb']:.2f}×, seconds per iteration {r['seconds_per_iteration']:.2f}× (generation "
                       f"{r['generation_per_iteration']:.2f}×, update {r['update_per_iteration']:.2f}×), CPU seconds "
                       f"per iteration {r['cpu_per_iteration']:.2f}×.",
-                  "", prompt_check(by_side["keelrl"], by_side["trl"])]
+                  "", prompt_check(by_side["keelrl"], by_side["trl"]), "", *time_lines(summaries)]
+    if trained:
+        lines += ["", *goal_lines(by_side, summaries)]
     if trained:
         lines += ["", f"![held-out greedy accuracy per iteration and per training minute]({figure_link})"]
     if by_side["trl"]:
