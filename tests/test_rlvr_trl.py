@@ -173,6 +173,8 @@ def test_page_means_and_ratios_come_from_the_csvs(tmp_path):
             "| 1e-06 | keelrl | 1 | 10 | 0.00 | 0.20 | 0.20 | 0.40 |\n") in page
     assert "(digests of every iteration's prompts): seeds [1]; DIFFERENT for seeds [2]." in page
     assert "generation (sampling and scoring) takes 50% of keelrl's mean iteration and 30% of TRL's" in page
+    assert "the iterations of the 4 held-out runs took 0.2 core-hours in all, those of the 2 validation runs 0.1" \
+        in page
     assert ("- keelrl above the untrained model by more than its seeds' spread: greedy 0.25 → 0.60 (mean of 2), a "
             "gain of 0.35 against a spread (max − min) of 0.20; the untrained model starts at 0.25 (the goal asks "
             "for [0.20, 0.70]): **met**.") in page

@@ -160,6 +160,14 @@ def goal_lines(by_side: dict[str, list[dict]], summaries: dict) -> list[str]:
     return ["Goals:", "", *(f"- {line}" for line in lines)]
 
 
+def budget_line(trained: list[dict], validation: list[dict]) -> str:
+    """The core-hours the runs' iterations took (one core each), held-out and validation runs apart."""
+    hours = [sum(r["training_seconds"] for r in runs) / 3600 for runs in (trained, validation)]
+    return (f"Budget: the iterations of the {len(trained)} held-out runs took {hours[0]:.1f} core-hours in all, those "
+            f"of the {len(validation)} validation runs {hours[1]:.1f} (one core each; loading the model and the "
+            "evaluations come on top); N was chosen so that both sides' runs fit about 6 core-hours.")
+
+
 def time_lines(summaries: dict) -> list[str]:
     """Where each side's iteration goes: the generation share of the mean iteration, the update the rest."""
     shares = {side: s["generation_per_iteration"][0] / s["seconds_per_iteration"][0] for side, s in summaries.items()}
@@ -225,7 +233,7 @@ def task_section(task: str, runs: list[dict], results: Path, figure_link: str) -
                       f"per iteration {r['cpu_per_iteration']:.2f}×.",
                   "", prompt_check(by_side["keelrl"], by_side["trl"]), "", *time_lines(summaries)]
     if trained:
-        lines += ["", *goal_lines(by_side, summaries)]
+        lines += ["", budget_line(trained, validation), "", *goal_lines(by_side, summaries)]
     if trained:
         lines += ["", f"![held-out greedy accuracy per iteration and per training minute]({figure_link})"]
     if by_side["trl"]:
