@@ -141,7 +141,6 @@ def cost(mrq: list[RunResult]) -> list[str]:
     hours = {p: updates * ms / 1000 / 3600 for p, ms in UPDATE_MS.items()}
     finished = [r for r in mrq if run_outcome(r) == FINISHED and np.isfinite(r.sps)]
     measured = [f"seed {r.seed}: {r.sps:.2f} steps/s, {r.wall_s / 3600:.1f} h" for r in finished]
-    spent = sum(r.wall_s for r in finished) / 3600
     lines = ["## Cost", "", f"One update takes {UPDATE_MS['fp32']} ms in fp32 and {UPDATE_MS['bf16']} ms in bf16 on "
               f"one core of an AMD EPYC with avx512_bf16 (the figure is the message of commit {COST_COMMIT}; "
               "benchmarks/perf/update_time.py does not time MR.Q). One update per step after the "
@@ -151,6 +150,7 @@ def cost(mrq: list[RunResult]) -> list[str]:
               "shared at nice 19 with other runs in some of them, so an upper bound of the cost): "
               + ("; ".join(measured) or "not measured") + "."]
     if any(not r.curve for r in mrq):
+        spent = sum(r.wall_s for r in finished) / 3600
         lines += ["", f"Budget: the finished seeds took {spent:.1f} of the {BUDGET_HOURS} core-hours the issue "
                   f"gives; the seeds not started are left out, as another (about {hours['bf16']:.1f} h in bf16) would "
                   "pass them."]
