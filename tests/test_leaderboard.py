@@ -532,6 +532,25 @@ def test_the_page_records_no_local_path(tmp_path):
     assert page.count("datasets in LOCAL_PATH, grids in benchmarks/grids, 1/2 done") == 2  # the command and the note
 
 
+def test_the_page_links_the_grids_findings_when_they_are_beside_it(tmp_path):
+    """`findings`: the grid's page links the hand-written page it names once that page is in --out-dir, and only
+    then (a link from a page written elsewhere would lead nowhere); a path instead of a file name is refused."""
+    grid_file = tmp_path / "found.toml"
+    grid_file.write_text(f'findings = "found-findings.md"\nseeds = [1]\nsteps = 200\ntasks = ["{TASK}"]\n'
+                         f'agents = ["sac"]\n')
+    argv = ["--grid", str(grid_file), "--report-only", "--runs-dir", str(tmp_path / "runs"),
+            "--out-dir", str(tmp_path / "out"), "--bootstrap-reps", "10"]
+    link = "[found-findings.md](found-findings.md)"
+    assert leaderboard.main(argv) == 1  # the one cell has not run
+    assert link not in (tmp_path / "out" / "found.md").read_text()
+    (tmp_path / "out" / "found-findings.md").write_text("# what was checked\n")
+    assert leaderboard.main(argv) == 1
+    assert f"- Findings (written by hand: what was checked where an entry misses its published figure): {link}\n" in (
+        tmp_path / "out" / "found.md").read_text()
+    with pytest.raises(ValueError, match="file name in the page's folder"):
+        leaderboard.grid_from_dict({"tasks": [TASK], "agents": ["sac"], "steps": 10, "findings": "../x.md"}, "g")
+
+
 def test_runs_of_the_committed_tables_are_taken_not_run_again(tmp_path):
     """--from-committed: a cell this machine holds no run of is taken from the page's tables (an earlier session's
     or another machine's runs), figures and curve unchanged; a row made with other options is refused."""

@@ -30,6 +30,7 @@ Grid files (TOML) — see benchmarks/grids/online-small.toml:
 
     name = "online-small"            # default: the file name
     family = "online"                # online | offline | safe | streaming | rlvr (one table each)
+    findings = "my-grid-findings.md" # a page written by hand beside the grid's page, linked from it when there
     seeds = [1, 2, 3]
     steps = 20000                    # budget of every task unless the task sets its own
     options = { eval-freq = 2500 }   # flags every cell gets

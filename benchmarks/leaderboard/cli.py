@@ -152,6 +152,9 @@ def main(argv: list[str] | None = None) -> int:
         header += committed_provenance(results, committed, Path(args.out_dir), name)
         header += [f"Note: {shareable_text(args.note)}"] if args.note else []
         header += [grid.description for grid in grids if grid.description]
+        header += [f"Findings (written by hand: what was checked where an entry misses its published figure): "
+                   f"[{grid.findings}]({grid.findings})" for grid in grids
+                   if grid.findings and (Path(args.out_dir) / grid.findings).is_file()]
         for path in write_report(Path(args.out_dir), name, results, header, args.bootstrap_reps, Path(args.runs_dir)):
             print(f"wrote {path}")
     except (ValueError, FileNotFoundError) as err:

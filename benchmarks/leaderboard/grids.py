@@ -55,6 +55,9 @@ class Grid:
     agents: tuple[AgentEntry, ...]
     options: dict[str, Any]
     description: str = ""
+    findings: str = ""
+    """a page written by hand beside the grid's page (a file name in its --out-dir): what was checked where an
+    entry misses its published figure; the grid's page links it when it is there"""
 
 
 def _flag(name: str) -> str:
@@ -100,8 +103,8 @@ def _options(where: str, options: Any) -> dict[str, Any]:
 
 def grid_from_dict(spec: dict[str, Any], default_name: str) -> Grid:
     """Build and check a grid from a parsed TOML table (see the module docstring for its keys)."""
-    _check_keys(f"grid {default_name}", spec, {"name", "family", "description", "seeds", "steps", "options",
-                                               "task_flag", "steps_flag", "tasks", "agents"})
+    _check_keys(f"grid {default_name}", spec, {"name", "family", "description", "findings", "seeds", "steps",
+                                               "options", "task_flag", "steps_flag", "tasks", "agents"})
     name = spec.get("name", default_name)
     family = spec.get("family", "online")
     if family not in FAMILIES:
@@ -126,8 +129,12 @@ def grid_from_dict(spec: dict[str, Any], default_name: str) -> Grid:
         raise ValueError(f"grid {name}: agent names must differ (got {labels}); give option sets their own name.")
     for agent in agents:
         _check_pretrained(name, agent, {entry.name: entry for entry in agents}, task_ids)
+    findings = spec.get("findings", "")
+    if not isinstance(findings, str) or Path(findings).name != findings:
+        raise ValueError(f"grid {name}: findings must be a file name in the page's folder (--out-dir), got "
+                         f"{findings!r}.")
     return Grid(name, family, seeds, tasks, agents, _options(f"grid {name}", spec.get("options", {})),
-                spec.get("description", ""))
+                spec.get("description", ""), findings)
 
 
 def _check_pretrained(grid: str, agent: AgentEntry, entries: dict[str, AgentEntry], task_ids: set[str]) -> None:
