@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import csv
 import difflib
+import re
 import shlex
 import shutil
 from pathlib import Path
@@ -120,10 +121,19 @@ def no_plots(monkeypatch):
 
 
 def test_every_leaderboard_page_names_the_command_that_made_it():
+    """Every page but the hand-written findings pages names the command that made it; a grid's findings page (its
+    `findings` key) links that grid's page, and the grid's page links it back."""
+    from keelrl.benchmarks.leaderboard import GRIDS_DIR, load_grid
+
     pages = sorted(LEADERBOARD.glob("*.md"))
     hand_written = [page.name for page in pages if not command_of(page)]
-    assert hand_written == ["cpu-evidence-findings.md"]  # its own first lines name the leaderboard command it reads
+    grids = [grid for grid in map(load_grid, map(str, sorted(GRIDS_DIR.glob("*.toml")))) if grid.findings]
+    assert hand_written == sorted(["cpu-evidence-findings.md", *(grid.findings for grid in grids)])
+    # its own first lines name the leaderboard command it reads
     assert "python -m keelrl.benchmarks.leaderboard" in (LEADERBOARD / "cpu-evidence-findings.md").read_text()
+    for grid in grids:
+        assert f"]({grid.name}.md)" in (LEADERBOARD / grid.findings).read_text()
+        assert f"]({grid.findings})" in (LEADERBOARD / f"{grid.name}.md").read_text()
     assert len(pages) - len(hand_written) >= 12
 
 
@@ -138,6 +148,8 @@ def test_a_leaderboard_page_is_what_its_command_makes_of_its_committed_tables(pa
     for table in ("runs", "curves"):  # the committed tables the page's runs are read back from
         if (LEADERBOARD / f"{name}_{table}.csv").is_file():
             shutil.copy(LEADERBOARD / f"{name}_{table}.csv", out)
+    for linked in re.findall(r"\]\(([^)/]+\.md)\)", page.read_text()):  # a findings page: linked when beside it
+        shutil.copy(LEADERBOARD / linked, out)
     code = leaderboard.main(regenerating(command_of(page), runs, out))
     assert code in (0, 1), capsys.readouterr().err  # 1: a page of cells still to finish (cpu-evidence-simba)
     assert (out / page.name).is_file(), f"the command on {page.name} writes another page"
