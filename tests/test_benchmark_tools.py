@@ -1,17 +1,22 @@
-"""Benchmark tools: the run-summary table (summarize_runs), the update products (gemm_floor) and the FLOP count of
-an agent's update (update_time --flops)."""
+"""Benchmark tools: the run-summary table (summarize_runs), the bf16-against-fp32 gradients of a finished run
+(bf16_gradients), the update products (gemm_floor) and the FLOP count of an agent's update (update_time --flops)."""
 
+import json
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
+import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from keelrl.benchmarks.perf.gemm_floor import UpdateProducts
 from keelrl.benchmarks.perf.speed import Args as SpeedArgs
 from keelrl.benchmarks.perf.speed import update_flops
 from keelrl.benchmarks.perf import update_time
-from keelrl.benchmarks.checks import summarize_runs
+from keelrl.agents import sac, td3
+from keelrl.benchmarks.checks import bf16_gradients, summarize_runs
+from keelrl.buffers import ReplayBuffer
 from keelrl.benchmarks.checks.summarize_runs import binned_returns, summarize_keelrl, table
 
 
@@ -208,3 +213,44 @@ def test_update_time_counts_the_flops_of_an_agents_update_as_the_analytic_count_
     assert printed_gflop(3) == pytest.approx(3 * printed_gflop(1), rel=0.02)
     with pytest.raises(SystemExit, match="drop --compile"):
         update_time.main(update_time.Args(flops=True, compile=True))
+
+
+def finished_run(run_dir: Path, algo: str) -> Path:
+    """A small run directory as a finished SAC or TD3 run leaves it: config.json, model.pt and buffer.pt (40 random
+    transitions of a 11-dimensional task with 3 actions)."""
+    agent_cls, config_cls = {"sac": (sac.SAC, sac.SACConfig), "td3": (td3.TD3, td3.TD3Config)}[algo]
+    run_dir.mkdir()
+    torch.manual_seed(0)
+    agent_cls(11, -np.ones(3, np.float32), np.ones(3, np.float32),
+              config_cls(hidden_sizes=(64, 64), batch_size=32)).save(run_dir / "model.pt")
+    buffer = ReplayBuffer(64, (11,), (3,))
+    rng = np.random.default_rng(0)
+    for _ in range(40):
+        buffer.add(rng.normal(size=(1, 11)), rng.uniform(-1, 1, (1, 3)), rng.normal(size=1), rng.normal(size=(1, 11)),
+                   rng.random(1) < 0.1, np.zeros(1, bool))
+    torch.save(buffer.state_dict(), run_dir / "buffer.pt")
+    (run_dir / "config.json").write_text(json.dumps({"algo": algo}))
+    return run_dir
+
+
+@pytest.mark.parametrize("algo", ["sac", "td3"])
+def test_bf16_gradients_compares_one_batch_in_two_precisions_and_one_precision_on_two_batches(algo, tmp_path):
+    agent, buffer = bf16_gradients.load_run(finished_run(tmp_path / "run", algo))
+    assert agent.algo == algo and buffer.size == 40
+    same = bf16_gradients.agreement(agent, buffer, batches=2, precisions=("fp32", "fp32"))
+    assert same["critic grad cos bf16/fp32"] == pytest.approx(1.0, abs=1e-6)
+    assert same["actor grad cos bf16/fp32"] == pytest.approx(1.0, abs=1e-6)
+    assert same["mean abs(Q bf16 − Q fp32)"] == 0.0 and same["mean abs(Q)"] > 0.0
+    assert same["critic grad cos, 2 batches"] < 0.99 and same["actor grad cos, 2 batches"] < 0.99
+    mixed = bf16_gradients.agreement(agent, buffer, batches=2)
+    assert 0.9 < mixed["critic grad cos bf16/fp32"] < 1.0 and 0.9 < mixed["actor grad cos bf16/fp32"] < 1.0
+    assert mixed["mean abs(Q bf16 − Q fp32)"] > 0.0
+    assert mixed["critic grad cos, 2 batches"] == same["critic grad cos, 2 batches"]  # fp32 both times, same draws
+
+
+def test_bf16_gradients_refuses_a_run_that_is_not_a_finished_sac_or_td3_run_in_one_line(tmp_path, capsys):
+    run_dir = finished_run(tmp_path / "run", "td3")
+    (run_dir / "model.pt").unlink()
+    assert bf16_gradients.main(["--runs", str(run_dir)]) == 2
+    assert capsys.readouterr().err == (f"error: {run_dir}: not a finished sac or td3 run (algo 'td3'; model.pt is "
+                                       f"written when a run finishes)\n")
