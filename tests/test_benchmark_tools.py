@@ -55,6 +55,7 @@ def test_training_return_curves_average_each_run_per_bin_then_across_runs(tmp_pa
     ("keelrl", "empty", "empty: no eval.csv and episodes.csv there (not a keelrl run directory)"),
     ("keelrl", "unevaluated", "unevaluated: no evaluation in its eval.csv yet"),
     ("keelrl", "notes.txt", "notes.txt: a file, not a run directory"),
+    ("variant", "empty", "empty: no eval.csv and episodes.csv there (not a keelrl run directory)"),
     ("cleanrl", "empty", "empty: no charts/episodic_return in TensorBoard events there"),
 ])
 def test_summarize_runs_refuses_a_path_that_is_not_a_run_in_one_line_before_printing_a_table(group, path, expected,
@@ -82,8 +83,22 @@ def test_summarize_runs_curves_of_runs_without_training_episodes_are_refused_bef
 
 def test_summarize_runs_without_runs_says_what_to_give(capsys):
     assert summarize_runs.main([]) == 2
-    assert capsys.readouterr().err == ("error: no runs to summarise: give --keelrl and/or --cleanrl run "
+    assert capsys.readouterr().err == ("error: no runs to summarise: give --keelrl, --variant and/or --cleanrl run "
                                        "directories\n")
+
+
+def test_summarize_runs_sets_a_variant_group_beside_keelrl_and_prints_each_runs_windows(tmp_path, capsys):
+    bf16 = write_run(tmp_path / "bf16", 100.0, 0.0, [10.0, 20.0, 30.0, 40.0])  # episodes end at steps 100 ... 400
+    fp32 = write_run(tmp_path / "fp32", 200.0, 0.0, [50.0, 70.0])  # at 100 and 200
+    assert summarize_runs.main(["--keelrl", str(bf16), "--keelrl-label", "keelrl bf16", "--variant", str(fp32),
+                                "--variant-label", "keelrl fp32", "--windows", "--bin", "200",
+                                "--last-episodes", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "**keelrl bf16**" in out and "**keelrl fp32**" in out
+    assert "| fp32 | 2000 | 200.0 | 0.0 | 60.0 | nan |" in out
+    assert out.splitlines()[-4:] == ["| group | run | 0–200 | 200–400 |", "|---|---|---|---|",
+                                     "| keelrl bf16 | bf16 | 15 | 35 |", "| keelrl fp32 | fp32 | 60 | nan |"]
+    assert "**mean training return per 200-step window**" in out
 
 
 @pytest.mark.parametrize("algo, one_column_products", [("sac", 20), ("td3", 14)])

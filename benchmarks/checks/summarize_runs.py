@@ -2,14 +2,18 @@
 
     python -m keelrl.benchmarks.checks.summarize_runs --keelrl runs/Hopper-v5__sac__* \
         --cleanrl ../cleanrl/runs/Hopper-v5__* --curves hopper.png
+    python -m keelrl.benchmarks.checks.summarize_runs --keelrl bf16/*/ --keelrl-label "keelrl bf16" \
+        --variant fp32/*/ --variant-label "keelrl fp32" --windows --bin 50000
 
 For each run: the final evaluation return and episode cost (keelrl's eval.csv, cost 0 on a task
 without one; CleanRL's eval.csv where the scratch copy wrote one, else none: CleanRL's scripts do not
 evaluate), the mean return of the last `--last-episodes` training episodes (keelrl's episodes.csv;
 CleanRL's `charts/episodic_return` TensorBoard scalar), and steps/s (keelrl: the last `charts/SPS`,
 evaluations and checkpoints left out; CleanRL: its summary.json where the scratch copy wrote one, else its
-last `charts/SPS`), then mean ± std over the runs of each group. `--curves` draws the training episodes'
-returns of both groups (mean over runs of `--bin`-step bins).
+last `charts/SPS`), then mean ± std over the runs of each group. `--variant` adds a second group of keelrl runs
+(the same task in another setting: precision, seed batching). `--windows` prints each run's mean training return
+per `--bin`-step window; `--curves` draws the training episodes' returns of every group (mean over runs of
+`--bin`-step bins).
 """
 
 from __future__ import annotations
@@ -30,6 +34,12 @@ from keelrl.agents.harness.options import parse_command_line
 class Args:
     keelrl: tuple[Path, ...] = ()
     """keelrl run directories (with eval.csv and episodes.csv)"""
+    keelrl_label: str = "keelrl"
+    """the --keelrl group's name in the tables and curves"""
+    variant: tuple[Path, ...] = ()
+    """a second group of keelrl run directories: the same task in another setting"""
+    variant_label: str = "keelrl variant"
+    """the --variant group's name in the tables and curves"""
     cleanrl: tuple[Path, ...] = ()
     """CleanRL run directories (with TensorBoard events)"""
     last_episodes: int = 10
@@ -37,7 +47,9 @@ class Args:
     curves: Path | None = None
     """draw the training returns of both groups into this PNG"""
     bin: int = 20_000
-    """steps per bin of the curves"""
+    """steps per bin of the curves and windows"""
+    windows: bool = False
+    """also print each run's mean training return in each --bin-step window"""
 
 
 @dataclasses.dataclass
@@ -75,13 +87,14 @@ def check_run_dir(run_dir: Path, group: str) -> None:
         raise ValueError(f"--{group} {run_dir}: not a run directory ({matched})")
 
 
-def summarize_keelrl(run_dir: Path, last_episodes: int) -> RunSummary:
-    check_run_dir(run_dir, "keelrl")
+def summarize_keelrl(run_dir: Path, last_episodes: int, group: str = "keelrl") -> RunSummary:
+    """One keelrl run; `group`: the option that named it (keelrl or variant), for the error message."""
+    check_run_dir(run_dir, group)
     if not (run_dir / EVAL_FILE).is_file() or not (run_dir / EPISODES_FILE).is_file():
-        raise ValueError(f"--keelrl {run_dir}: no eval.csv and episodes.csv there (not a keelrl run directory)")
+        raise ValueError(f"--{group} {run_dir}: no eval.csv and episodes.csv there (not a keelrl run directory)")
     evaluations = read_csv(run_dir / EVAL_FILE)
     if not evaluations:
-        raise ValueError(f"--keelrl {run_dir}: no evaluation in its eval.csv yet (a run still before its first "
+        raise ValueError(f"--{group} {run_dir}: no evaluation in its eval.csv yet (a run still before its first "
                          "evaluation)")
     final = evaluations[-1]
     episodes = [(int(row["global_step"]), float(row["return"])) for row in read_csv(run_dir / EPISODES_FILE)]
@@ -125,8 +138,9 @@ def mean_std(values: list[float], digits: int = 1) -> str:
     return f"{np.mean(values):.{digits}f} ± {np.std(values):.{digits}f}"
 
 
-def binned_returns(runs: list[RunSummary], bin_steps: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Bin ends (steps), and the mean and std over runs of each run's mean training return in the bin."""
+def returns_per_bin(runs: list[RunSummary], bin_steps: int) -> tuple[np.ndarray, np.ndarray]:
+    """Bin ends (steps) (W,), and each run's mean return of the training episodes ending in each bin (R, W) (NaN
+    where none ends there)."""
     last = max(step for run in runs for step, _ in run.episodes)
     ends = np.arange(bin_steps, last + bin_steps, bin_steps)
     per_run = np.full((len(runs), len(ends)), np.nan)
@@ -135,7 +149,30 @@ def binned_returns(runs: list[RunSummary], bin_steps: int) -> tuple[np.ndarray, 
         which = np.minimum((steps - 1) // bin_steps, len(ends) - 1).astype(int)
         for b in np.unique(which):
             per_run[i, b] = returns[which == b].mean()
+    return ends, per_run
+
+
+def binned_returns(runs: list[RunSummary], bin_steps: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Bin ends (steps), and the mean and std over runs of each run's mean training return in the bin."""
+    ends, per_run = returns_per_bin(runs, bin_steps)
     return ends, np.nanmean(per_run, 0), np.nanstd(per_run, 0)
+
+
+def windows_table(groups: dict[str, list[RunSummary]], bin_steps: int) -> str:
+    """Each run's mean training return in each `bin_steps` window, a row per run, every group's on one grid."""
+    runs = [run for group in groups.values() for run in group]
+    ends, per_run = returns_per_bin(runs, bin_steps)
+    names = [f"{_steps(end - bin_steps)}–{_steps(end)}" for end in ends]
+    lines = [f"**mean training return per {_steps(bin_steps)}-step window**", "",
+             "| group | run | " + " | ".join(names) + " |", "|---|---|" + "---|" * len(names)]
+    groups_of_runs = [name for name, group in groups.items() for _ in group]
+    for group, run, row in zip(groups_of_runs, runs, per_run):
+        lines.append(f"| {group} | {run.name} | " + " | ".join(f"{value:.0f}" for value in row) + " |")
+    return "\n".join(lines)
+
+
+def _steps(count: int) -> str:
+    return f"{count // 1000}k" if count % 1000 == 0 and count else str(count)
 
 
 def draw_curves(groups: dict[str, list[RunSummary]], bin_steps: int, path: Path) -> None:
@@ -159,8 +196,9 @@ def draw_curves(groups: dict[str, list[RunSummary]], bin_steps: int, path: Path)
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_command_line(Args, args=argv)
-    if not args.keelrl and not args.cleanrl:
-        print("error: no runs to summarise: give --keelrl and/or --cleanrl run directories", file=sys.stderr)
+    if not args.keelrl and not args.cleanrl and not args.variant:
+        print("error: no runs to summarise: give --keelrl, --variant and/or --cleanrl run directories",
+              file=sys.stderr)
         return 2
     try:
         summarize(args)
@@ -173,13 +211,19 @@ def main(argv: list[str] | None = None) -> int:
 def summarize(args: Args) -> None:
     groups = {}
     if args.keelrl:
-        groups["keelrl"] = [summarize_keelrl(d, args.last_episodes) for d in sorted(args.keelrl)]
+        groups[args.keelrl_label] = [summarize_keelrl(d, args.last_episodes) for d in sorted(args.keelrl)]
+    if args.variant:
+        groups[args.variant_label] = [summarize_keelrl(d, args.last_episodes, "variant")
+                                      for d in sorted(args.variant)]
     if args.cleanrl:
         groups["CleanRL"] = [summarize_cleanrl(d, args.last_episodes) for d in sorted(args.cleanrl)]
     untrained = [run.name for runs in groups.values() for run in runs if not run.episodes]
-    if args.curves is not None and untrained:  # an offline run, or one before its first episode ended
-        raise ValueError(f"--curves: no training episodes to draw in {', '.join(untrained)}")
+    for option, wanted, verb in (("--curves", args.curves is not None, "draw"), ("--windows", args.windows, "average")):
+        if wanted and untrained:  # an offline run, or one before its first episode ended
+            raise ValueError(f"{option}: no training episodes to {verb} in {', '.join(untrained)}")
     print("\n\n".join(table(name, runs) for name, runs in groups.items()))
+    if args.windows:
+        print("\n" + windows_table(groups, args.bin))
     if args.curves is not None:
         draw_curves(groups, args.bin, args.curves)
 
