@@ -45,7 +45,7 @@ class Args:
     last_episodes: int = 10
     """training episodes averaged for the 'last training episodes' column"""
     curves: Path | None = None
-    """draw the training returns of both groups into this PNG"""
+    """draw the training returns of every group into this PNG"""
     bin: int = 20_000
     """steps per bin of the curves and windows"""
     windows: bool = False
