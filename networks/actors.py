@@ -98,9 +98,11 @@ class DeterministicActor(_BoundedActor):
         super().__init__(action_low, action_high)
         action_dim = self.action_scale.numel()
         if trunk is None:
-            self.net = mlp(obs_dim, hidden_sizes, action_dim, output_activation=nn.Tanh, layer_norm=layer_norm)
+            self.net = mlp(obs_dim, hidden_sizes, action_dim, layer_norm=layer_norm)
         else:
-            self.net = nn.Sequential(trunk, head(hidden_sizes[-1], action_dim), nn.Tanh())
+            self.net = nn.Sequential(trunk, head(hidden_sizes[-1], action_dim))
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
-        return self.net(obs).float() * self.action_scale + self.action_bias  # float32 also under bf16 autocast
+        # tanh in float32 also under bf16 autocast, as TanhGaussianActor's: a bfloat16 tanh rounds to exactly ±1
+        # from |x| ≈ 3.47 (the largest bfloat16 below 1 is 1 − 2⁻⁸), where its gradient 1 − tanh² is then 0
+        return torch.tanh(self.net(obs).float()) * self.action_scale + self.action_bias

@@ -124,6 +124,23 @@ def test_networks_return_float32_under_bf16_autocast():
         assert torch.nn.functional.linear(obs, torch.randn(4, 11)).dtype == torch.bfloat16  # autocast is on
 
 
+def test_td3s_saturated_actions_keep_their_gradient_under_bf16_autocast():
+    # a pre-activation of 4 (bias 4, zero weights): tanh 4 = 0.99933 in float32, exactly 1 as a bfloat16 tanh,
+    # whose gradient 1 − tanh² would then be 0 and hold the actor there
+    agent = td3.TD3(11, LOW, HIGH, td3.TD3Config(**SMALL))
+    last = agent.actor.net[-1]
+    with torch.no_grad():
+        last.weight.zero_()
+        last.bias.fill_(4.0)
+    with training.matmul_precision("bf16", "cpu"):
+        actions = agent.actor(torch.randn(8, 11))
+    assert actions.dtype == torch.float32
+    torch.testing.assert_close(actions, torch.full((8, 3), float(np.tanh(4.0))), rtol=0, atol=1e-6)
+    actions.sum().backward()  # the gradient enters the bfloat16 output layer rounded to 8 bits: 2⁻⁸ relative
+    torch.testing.assert_close(last.bias.grad, torch.full((3,), 8 * (1 - np.tanh(4.0) ** 2), dtype=torch.float32),
+                               rtol=2**-8, atol=0)
+
+
 def test_bad_precision_is_refused_in_one_line_and_emulated_bf16_warns_once(monkeypatch, capsys, tmp_path):
     with pytest.raises(SystemExit) as refused:  # the command line offers the choices (--help: {fp32,tf32,bf16})
         run_cli(sac.train, sac.SACConfig, args=["--precision", "fp16", "--runs-dir", str(tmp_path)])

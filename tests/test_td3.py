@@ -22,8 +22,8 @@ def make_agent(**overrides) -> TD3:
 def test_exploration_noise_has_the_configured_scale():
     agent = TD3(OBS_DIM, np.array([-2.0, -2.0]), np.array([2.0, 2.0]), TD3Config(hidden_sizes=(16,)))
     with torch.no_grad():
-        agent.actor.net[-2].weight.zero_()  # mean action 0, so clipping at ±2 plays no part
-        agent.actor.net[-2].bias.zero_()
+        agent.actor.net[-1].weight.zero_()  # mean action 0, so clipping at ±2 plays no part
+        agent.actor.net[-1].bias.zero_()
     obs = np.zeros((20_000, OBS_DIM))
     noisy = agent.act(obs)
     assert np.allclose(agent.act(obs, deterministic=True), 0.0)
