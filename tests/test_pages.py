@@ -86,10 +86,11 @@ def read_rows(path: Path) -> tuple[list[str], list[dict]]:
 
 
 def unfinished_runs(runs_table: Path) -> set[tuple[str, str, str, str]]:
-    """(family, agent, task, seed) of the runs the committed runs table lists as not done."""
+    """(family, entry, task, seed) of the runs the committed runs table lists as not done: the entry's label, which
+    the curves table calls its agent (the runs table's agent is the module, which entries may share)."""
     if not runs_table.is_file():
         return set()
-    return {(r["family"], r["agent"], r["task"], r["seed"]) for r in read_rows(runs_table)[1] if r["status"] != "done"}
+    return {(r["family"], r["label"], r["task"], r["seed"]) for r in read_rows(runs_table)[1] if r["status"] != "done"}
 
 
 def same_table(committed: Path, made: Path, finished_only: bool = False,
