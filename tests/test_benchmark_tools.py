@@ -101,6 +101,35 @@ def test_summarize_runs_sets_a_variant_group_beside_keelrl_and_prints_each_runs_
     assert "**mean training return per 200-step window**" in out
 
 
+def finished(last_train: list[float]) -> list[summarize_runs.RunSummary]:
+    return [summarize_runs.RunSummary(f"run{i}", float("nan"), value, 300_000) for i, value in enumerate(last_train)]
+
+
+def test_keelrl_groups_are_set_against_cleanrl_by_difference_interval_pair_count_and_its_exact_chance():
+    groups = {"keelrl": finished([3.0, 4.0, 5.0]), "keelrl fp32": finished([1.0, 2.0, 1.0]),
+              "CleanRL": finished([0.0, 1.0, 2.0])}
+    lines = summarize_runs.against_cleanrl(groups, last_episodes=10, reps=2000).splitlines()
+    assert lines[0] == "**against CleanRL: mean of the last 10 training episodes**"
+    # every keelrl run above every CleanRL run: 9 of 9 pairs, which 1 split of the C(6, 3) = 20 gives, and 0 of 9
+    # another: 2 of 20 as uneven
+    assert lines[4].startswith("| keelrl | 3 and 3 | +3.0 | [+")
+    assert lines[4].endswith("| above | 9 of 9 | 0.100 |")
+    # 1 against 0, 1 (a tie, half) and 2; 2 against 0, 1, 2 (a tie); 1 again: 1.5 + 2.5 + 1.5 = 5.5 of 9
+    assert lines[5].startswith("| keelrl fp32 | 3 and 3 | +0.3 | [") and "| matches | 5.5 of 9 |" in lines[5]
+    assert summarize_runs.pairs_higher(np.array([1.0, 2.0]), np.array([3.0, 4.0])) == 0.0
+    # 0 of 4 pairs: 1 split of C(4, 2) = 6 gives it and 1 gives 4 of 4; 3 of 4 is as far from half as 1 of 4
+    assert summarize_runs.chance_of_as_uneven_pairs(np.array([1.0, 2.0]), np.array([3.0, 4.0])) == 2 / 6
+    assert summarize_runs.chance_of_as_uneven_pairs(np.array([1.0, 4.0]), np.array([2.0, 3.0])) == 1.0
+
+
+def test_beyond_max_splits_the_chance_is_drawn_from_random_splits(monkeypatch):
+    ours, theirs = np.arange(8.0) + 2.5, np.arange(8.0)  # C(16, 8) = 12,870 splits
+    exact = summarize_runs.chance_of_as_uneven_pairs(ours, theirs)
+    monkeypatch.setattr(summarize_runs, "MAX_SPLITS", 3000)
+    drawn = summarize_runs.chance_of_as_uneven_pairs(ours, theirs)
+    assert 0.05 < exact < 0.3 and drawn != exact and abs(drawn - exact) < 0.03
+
+
 @pytest.mark.parametrize("algo, one_column_products", [("sac", 20), ("td3", 14)])
 def test_the_timed_products_are_the_products_the_flop_count_counts(algo, one_column_products):
     products = UpdateProducts(algo)

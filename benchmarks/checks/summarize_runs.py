@@ -13,14 +13,19 @@ evaluations and checkpoints left out; CleanRL: its summary.json where the scratc
 last `charts/SPS`), then mean ± std over the runs of each group. `--variant` adds a second group of keelrl runs
 (the same task in another setting: precision, seed batching). `--windows` prints each run's mean training return
 per `--bin`-step window; `--curves` draws the training episodes' returns of every group (mean over runs of
-`--bin`-step bins).
+`--bin`-step bins). With CleanRL's runs beside keelrl's, each keelrl group's last training episodes are set
+against CleanRL's: the difference of the means with the leaderboard's bootstrap interval and verdict
+(benchmarks/anchors.py), and how many (keelrl run, CleanRL run) pairs keelrl's run ends higher in, with the
+chance of a count as far from half the pairs, either way, if the two groups' runs were alike (over every split of the pooled runs, or 100,000 random ones).
 """
 
 from __future__ import annotations
 
 import csv
 import dataclasses
+import itertools
 import json
+import math
 import sys
 from pathlib import Path
 
@@ -28,6 +33,11 @@ import numpy as np
 
 from keelrl.agents.harness.logs import EPISODES_FILE, EVAL_FILE
 from keelrl.agents.harness.options import parse_command_line
+from keelrl.benchmarks.anchors import BOOTSTRAP_SEED, CONFIDENCE, difference_interval, verdict
+
+
+MAX_SPLITS = 100_000
+"""splits of the pooled runs counted exactly, or drawn at random beyond (against_cleanrl)"""
 
 
 @dataclasses.dataclass
@@ -50,6 +60,8 @@ class Args:
     """steps per bin of the curves and windows"""
     windows: bool = False
     """also print each run's mean training return in each --bin-step window"""
+    bootstrap_reps: int = 10_000
+    """resamples of the bootstrap interval of the difference against CleanRL"""
 
 
 @dataclasses.dataclass
@@ -132,6 +144,51 @@ def table(title: str, runs: list[RunSummary]) -> str:
                  f"{mean_std([r.final_cost for r in runs])} | {mean_std([r.last_train for r in runs])} | "
                  f"{mean_std([r.sps for r in runs], 0)} |")
     return "\n".join(lines)
+
+
+def against_cleanrl(groups: dict[str, list[RunSummary]], last_episodes: int, reps: int) -> str:
+    """Each keelrl group's mean of its runs' last training episodes against CleanRL's group: the difference of the
+    means and its bootstrap interval and verdict, the (keelrl run, CleanRL run) pairs in which keelrl's ends higher
+    (a tie counts half), and the chance of a count as far from half of them, either way, were both groups' runs
+    alike."""
+    theirs = np.array([run.last_train for run in groups["CleanRL"]])
+    lines = [f"**against CleanRL: mean of the last {last_episodes} training episodes**", "",
+             f"| group | runs | difference of means | bootstrap {CONFIDENCE:.0%} interval | verdict | pairs where "
+             "keelrl ends higher | chance of a count as far from half, runs alike |", "|---|---|---|---|---|---|---|"]
+    for name, runs in groups.items():
+        if name == "CleanRL":
+            continue
+        ours = np.array([run.last_train for run in runs])
+        difference, low, high = difference_interval(ours, theirs, reps)
+        higher = pairs_higher(ours, theirs)
+        lines.append(f"| {name} | {ours.size} and {theirs.size} | {difference:+.1f} | [{low:+.1f}, {high:+.1f}] | "
+                     f"{verdict(low, high)} | {higher:g} of {ours.size * theirs.size} | "
+                     f"{chance_of_as_uneven_pairs(ours, theirs):.3f} |")
+    return "\n".join(lines)
+
+
+def pairs_higher(ours: np.ndarray, theirs: np.ndarray) -> float:
+    """Pairs (one of ours, one of theirs) where ours is higher, a tie counting half (the Mann-Whitney U)."""
+    return float((ours[:, None] > theirs[None, :]).sum() + 0.5 * (ours[:, None] == theirs[None, :]).sum())
+
+
+def chance_of_as_uneven_pairs(ours: np.ndarray, theirs: np.ndarray) -> float:
+    """The share of the ways to split the pooled runs into groups of these sizes whose higher-pair count is at least
+    as far from half the pairs as ours (two-sided): every split counted where there are at most MAX_SPLITS (924
+    for 6 and 6), else MAX_SPLITS drawn at random."""
+    pooled, half = np.concatenate([ours, theirs]), ours.size * theirs.size / 2
+    distance = abs(pairs_higher(ours, theirs) - half)
+    splits = math.comb(pooled.size, ours.size)
+    rng = np.random.default_rng(BOOTSTRAP_SEED)
+    chosen_sets = itertools.combinations(range(pooled.size), ours.size) if splits <= MAX_SPLITS else \
+        (rng.choice(pooled.size, ours.size, replace=False) for _ in range(MAX_SPLITS))
+    as_uneven, counted = 0, 0
+    for chosen in chosen_sets:
+        mask = np.zeros(pooled.size, bool)
+        mask[list(chosen)] = True
+        as_uneven += abs(pairs_higher(pooled[mask], pooled[~mask]) - half) >= distance
+        counted += 1
+    return as_uneven / counted
 
 
 def mean_std(values: list[float], digits: int = 1) -> str:
@@ -222,6 +279,8 @@ def summarize(args: Args) -> None:
         if wanted and untrained:  # an offline run, or one before its first episode ended
             raise ValueError(f"{option}: no training episodes to {verb} in {', '.join(untrained)}")
     print("\n\n".join(table(name, runs) for name, runs in groups.items()))
+    if "CleanRL" in groups and len(groups) > 1:
+        print("\n" + against_cleanrl(groups, args.last_episodes, args.bootstrap_reps))
     if args.windows:
         print("\n" + windows_table(groups, args.bin))
     if args.curves is not None:
