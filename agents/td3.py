@@ -218,7 +218,7 @@ class TD3(SavedAgent):
     def learn(self, batch: Batch) -> dict[str, torch.Tensor]:
         """One critic step; every `policy_frequency` updates, one actor step, then the target actor and critics
         follow by Polyak averaging (counted from update 1: the first actor step comes at update `policy_frequency`,
-        where CleanRL's, counted from its even learning_starts, comes at its first)."""
+        as CleanRL's, whose updates start at step learning_starts + 1, odd, and step the actor at even steps)."""
         return self._learn_step(batch, self.num_updates % self.config.policy_frequency == 0)
 
     def learn_step(self, batch: Batch, actor_step: bool) -> dict[str, torch.Tensor]:
