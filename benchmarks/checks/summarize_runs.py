@@ -16,7 +16,8 @@ per `--bin`-step window; `--curves` draws the training episodes' returns of ever
 `--bin`-step bins). With CleanRL's runs beside keelrl's, each keelrl group's last training episodes are set
 against CleanRL's: the difference of the means with the leaderboard's bootstrap interval and verdict
 (benchmarks/anchors.py), and how many (keelrl run, CleanRL run) pairs keelrl's run ends higher in, with the
-chance of a count as far from half the pairs, either way, if the two groups' runs were alike (over every split of the pooled runs, or 100,000 random ones).
+chance of a count as far from half the pairs, either way, if the two groups' runs were alike (over every split of
+the pooled runs, or 100,000 random ones).
 """
 
 from __future__ import annotations
@@ -36,6 +37,8 @@ from keelrl.agents.harness.options import parse_command_line
 from keelrl.benchmarks.anchors import BOOTSTRAP_SEED, CONFIDENCE, difference_interval, verdict
 
 
+CLEANRL = "CleanRL"
+"""the --cleanrl group's name in the tables and curves"""
 MAX_SPLITS = 100_000
 """splits of the pooled runs counted exactly, or drawn at random beyond (against_cleanrl)"""
 
@@ -151,12 +154,12 @@ def against_cleanrl(groups: dict[str, list[RunSummary]], last_episodes: int, rep
     means and its bootstrap interval and verdict, the (keelrl run, CleanRL run) pairs in which keelrl's ends higher
     (a tie counts half), and the chance of a count as far from half of them, either way, were both groups' runs
     alike."""
-    theirs = np.array([run.last_train for run in groups["CleanRL"]])
+    theirs = np.array([run.last_train for run in groups[CLEANRL]])
     lines = [f"**against CleanRL: mean of the last {last_episodes} training episodes**", "",
              f"| group | runs | difference of means | bootstrap {CONFIDENCE:.0%} interval | verdict | pairs where "
              "keelrl ends higher | chance of a count as far from half, runs alike |", "|---|---|---|---|---|---|---|"]
     for name, runs in groups.items():
-        if name == "CleanRL":
+        if name == CLEANRL:
             continue
         ours = np.array([run.last_train for run in runs])
         difference, low, high = difference_interval(ours, theirs, reps)
@@ -182,13 +185,16 @@ def chance_of_as_uneven_pairs(ours: np.ndarray, theirs: np.ndarray) -> float:
     rng = np.random.default_rng(BOOTSTRAP_SEED)
     chosen_sets = itertools.combinations(range(pooled.size), ours.size) if splits <= MAX_SPLITS else \
         (rng.choice(pooled.size, ours.size, replace=False) for _ in range(MAX_SPLITS))
-    as_uneven, counted = 0, 0
-    for chosen in chosen_sets:
-        mask = np.zeros(pooled.size, bool)
-        mask[list(chosen)] = True
-        as_uneven += abs(pairs_higher(pooled[mask], pooled[~mask]) - half) >= distance
-        counted += 1
-    return as_uneven / counted
+    masks = (split_mask(pooled.size, chosen) for chosen in chosen_sets)
+    as_uneven = sum(abs(pairs_higher(pooled[mask], pooled[~mask]) - half) >= distance for mask in masks)
+    return as_uneven / min(splits, MAX_SPLITS)
+
+
+def split_mask(size: int, chosen: tuple[int, ...] | np.ndarray) -> np.ndarray:
+    """(size,) True at the `chosen` indices."""
+    mask = np.zeros(size, bool)
+    mask[list(chosen)] = True
+    return mask
 
 
 def mean_std(values: list[float], digits: int = 1) -> str:
@@ -273,13 +279,13 @@ def summarize(args: Args) -> None:
         groups[args.variant_label] = [summarize_keelrl(d, args.last_episodes, "variant")
                                       for d in sorted(args.variant)]
     if args.cleanrl:
-        groups["CleanRL"] = [summarize_cleanrl(d, args.last_episodes) for d in sorted(args.cleanrl)]
+        groups[CLEANRL] = [summarize_cleanrl(d, args.last_episodes) for d in sorted(args.cleanrl)]
     untrained = [run.name for runs in groups.values() for run in runs if not run.episodes]
     for option, wanted, verb in (("--curves", args.curves is not None, "draw"), ("--windows", args.windows, "average")):
         if wanted and untrained:  # an offline run, or one before its first episode ended
             raise ValueError(f"{option}: no training episodes to {verb} in {', '.join(untrained)}")
     print("\n\n".join(table(name, runs) for name, runs in groups.items()))
-    if "CleanRL" in groups and len(groups) > 1:
+    if CLEANRL in groups and len(groups) > 1:
         print("\n" + against_cleanrl(groups, args.last_episodes, args.bootstrap_reps))
     if args.windows:
         print("\n" + windows_table(groups, args.bin))
