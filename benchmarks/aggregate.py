@@ -28,9 +28,10 @@ import numpy as np
 
 from keelrl.agents.harness.logs import EPISODES_FILE, EVAL_FILE
 from keelrl.agents.harness.run_directory import CONFIG_FILE, DATASET_FILE
-from keelrl.benchmarks.reference_scores import normalized_score, score_source
+from keelrl.benchmarks.reference_scores import LAST_EPISODES, normalized_score, score_source
 
-LAST_EPISODES = 10
+LAST_EPISODES_BEFORE = 10
+"""the window of the tables written before they had a `last_train_episodes` column"""
 NORMALIZED_COLUMNS = ("normalized_score", "normalised_score")
 OFFLINE_SCORE_TAG = "eval/normalized_score"
 CLEAN = "clean"
@@ -78,7 +79,9 @@ class RunResult:
     """offline-to-online: the dataset and the reference returns its score uses ('' where it has none, and in the
     other families)"""
     last_train_return: float = float("nan")
-    """mean return of the last LAST_EPISODES training episodes (CleanRL's reported metric)"""
+    """mean return of the run's last `last_train_episodes` training episodes (all of them where it has fewer)"""
+    last_train_episodes: int = LAST_EPISODES
+    """the window of last_train_return: LAST_EPISODES, CleanRL's; LAST_EPISODES_BEFORE in older tables"""
     wall_s: float = float("nan")
     """the run's share of the wall-clock seconds of the agent processes that made it (start-up and evaluations
     included): a process that trained S seeds at once gives each 1/S of its wall time; NaN where not measured"""
@@ -287,6 +290,8 @@ class CellSummary:
     """the data condition of its runs that have started ("clean" or a corruption, see RunResult.data)"""
     runs_timed: int = 0
     """finished runs whose wall time was measured (steps/s and wall time are their means)"""
+    last_train_episodes: int = LAST_EPISODES
+    """the window of its finished runs' last_train_return (0 where they differ)"""
 
 
 def summarize_cells(results: list[RunResult]) -> list[CellSummary]:
@@ -306,8 +311,15 @@ def summarize_cells(results: list[RunResult]) -> list[CellSummary]:
             _mean_std([r.sps for r in done])[0], _mean_std([r.wall_s for r in done])[0],
             next((r.data for r in runs if r.data != CLEAN), CLEAN),
             runs_timed=sum(bool(np.isfinite(r.wall_s)) for r in done),
+            last_train_episodes=_common_window(done),
         ))
     return summaries
+
+
+def _common_window(runs: list[RunResult]) -> int:
+    """The window of these runs' last_train_return (0 where they differ; LAST_EPISODES for no run)."""
+    windows = {r.last_train_episodes for r in runs} or {LAST_EPISODES}
+    return windows.pop() if len(windows) == 1 else 0
 
 
 @dataclasses.dataclass

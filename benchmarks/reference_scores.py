@@ -64,7 +64,12 @@ class ScoreRange:
 
 
 CLEANRL = "CleanRL benchmark (docs/benchmark/sac.md, td3.md)"
-CLEANRL_METRIC = "mean return of the last training episodes"
+LAST_EPISODES = 100
+"""the training episodes each run's figure in CleanRL's published tables averages, and so the leaderboard's
+`last_train_return`: openrlbenchmark's rlops.py makes those tables from each run's last 100 `charts/episodic_return`
+values (`metric_last_n_average_window`, 100 from its 7aa03c7 of 2023-05 to d67da55), then mean ± std (ddof 0) over
+runs; CleanRL's pr-424 tables (2023-11) name no other window (benchmark/ppo_plot.sh, sac_plot.sh)"""
+CLEANRL_METRIC = f"mean return of each run's last {LAST_EPISODES} training episodes"
 CORL = "CORL, D4RL v2 'last' normalised scores"
 OMNISAFE = "OmniSafe benchmark (cost limit 25)"
 STREAM_X = "stream-x paper, final average episodic return"

@@ -16,7 +16,7 @@ from keelrl.benchmarks import anchors
 from keelrl.benchmarks.aggregate import (
     CLEAN,
     FINISHED,
-    LAST_EPISODES,
+    LAST_EPISODES_BEFORE,
     NO_FINAL_EVAL,
     AgentIQM,
     CellSummary,
@@ -31,6 +31,7 @@ from keelrl.benchmarks.aggregate import (
 from keelrl.benchmarks.provenance import machine_description, runs_made_on
 from keelrl.benchmarks.reference_scores import (
     CLEANRL_METRIC,
+    LAST_EPISODES,
     PublishedScore,
     no_range_reason,
     published_for,
@@ -103,10 +104,25 @@ def _spread_text(published: PublishedScore, cell: CellSummary) -> str:
     episodes) lies against the published spread, mean ± std."""
     if published.metric != CLEANRL_METRIC or published.std is None or not np.isfinite(cell.last_train_mean):
         return ""
+    if cell.last_train_episodes != LAST_EPISODES:
+        return (f"; not set against its spread: CleanRL's figure averages each run's last {LAST_EPISODES} training "
+                f"episodes, keelrl's ({_window_text(cell.last_train_episodes)}) does not")
     low, high = published.mean - published.std, published.mean + published.std
     where = "within" if low <= cell.last_train_mean <= high else "above" if cell.last_train_mean > high else "below"
     return (f"; keelrl's last {LAST_EPISODES} training episodes ({cell.last_train_mean:.1f}) **{where}** its spread "
             f"[{low:.1f}, {high:.1f}]")
+
+
+def _window_text(window: int) -> str:
+    """'last 10' ('windows differ' for 0: see CellSummary.last_train_episodes)."""
+    return f"last {window}" if window else "windows differ"
+
+
+def table_window(cells: list[CellSummary]) -> int:
+    """The window of the table's "last N training episodes" column: its cells' where they share one, else
+    LAST_EPISODES (a cell of another window says so beside its figure)."""
+    windows = {cell.last_train_episodes for cell in cells if cell.seeds_done}
+    return windows.pop() if len(windows) == 1 else LAST_EPISODES
 
 
 def compared_envs(published: PublishedScore, cell: CellSummary) -> tuple[str, str]:
@@ -154,7 +170,8 @@ def family_table(family: str, cells: list[CellSummary], iqms: list[AgentIQM], re
     header = ["agent", "task", "budget", "seeds finished", RETURN_NAMES.get(family, "final eval return")]
     header += ["final eval cost"] if safe else []
     header += ["normalised score"] if normalised else []
-    header += [f"last {LAST_EPISODES} training episodes", "steps/s", "wall min/run", "published", "published budget"]
+    window = table_window(cells)
+    header += [f"last {window} training episodes", "steps/s", "wall min/run", "published", "published budget"]
     unit = BUDGET_UNITS.get(family, "environment steps")
     lines = [f"## {family}", "", f"Budget in {unit}; steps/s counts the same unit. \"seeds finished\": runs done "
              "with a final evaluation, of those the grid plans; the means are over those runs only.", "",
@@ -170,7 +187,10 @@ def family_table(family: str, cells: list[CellSummary], iqms: list[AgentIQM], re
         if normalised:
             no_range = np.isnan(cell.score_mean) and score_origin(family, cell.task) is None
             row += ["no declared range" if no_range else _pm(cell.score_mean, cell.score_std)]
-        row += [_pm(cell.last_train_mean, cell.last_train_std), *_speed_cells(cell), *_published_cell(cell, sources)]
+        last_train = _pm(cell.last_train_mean, cell.last_train_std)
+        if cell.seeds_done and cell.last_train_episodes != window:
+            last_train += f" ({_window_text(cell.last_train_episodes)})"
+        row += [last_train, *_speed_cells(cell), *_published_cell(cell, sources)]
         lines.append("| " + " | ".join(row) + " |")
     lines += ["", "Published sources:" if sources.entries else "No published figure matches these agents and tasks."]
     lines += [f"{i}. {entry}" for i, entry in enumerate(sources.entries, 1)]
@@ -244,15 +264,18 @@ def write_markdown(path: Path, title: str, header: list[str], results: list[RunR
     lines = [f"# keelrl leaderboard: {title}", "", *[f"- {line}" for line in header], "",
              "How to read it: \"final eval return\" is the mean over seeds (± std, ddof 0) of each run's last "
              "evaluation (the mean return of the agent's deterministic evaluation episodes after its last step); "
-             f"\"last {LAST_EPISODES} training episodes\" is the mean return of a run's last {LAST_EPISODES} training "
-             "episodes, the figure CleanRL publishes. steps/s = the run's steps / its share of the wall time of the "
-             "agent processes that made it (start-up, evaluations and checkpoints included): a process that trained "
-             "S seeds at once (--batch-seeds) gives each run 1/S of its wall time, so a batched run's steps/s is its "
-             "process's steps of all seeds over its wall time and \"wall min/run\" is that wall time / S, the "
-             "figures to set beside runs made one per process on the same cores. steps/s and wall min/run are means "
-             "over the finished runs whose wall time was measured (\"not measured\": an attempt at the run ended "
-             "without a record of its wall time). Published figures stand beside keelrl's with their budget: a "
-             "figure measured at another budget or environment version is not comparable.", ""]
+             "\"last N training episodes\" is the mean return of a run's last N training episodes (all of them where "
+             f"it has fewer). CleanRL's published tables average each run's last {LAST_EPISODES} (openrlbenchmark's "
+             "rlops.py), so a keelrl figure is set against their spread only where it averages as many; runs "
+             f"summarised before keelrl's tables did are shown over their last {LAST_EPISODES_BEFORE}. steps/s = the "
+             "run's steps / its share of the wall time of the agent processes that made it (start-up, evaluations "
+             "and checkpoints included): a process that trained S seeds at once (--batch-seeds) gives each run 1/S "
+             "of its wall time, so a batched run's steps/s is its process's steps of all seeds over its wall time and "
+             "\"wall min/run\" is that wall time / S, the figures to set beside runs made one per process on the same "
+             "cores. steps/s and wall min/run are means over the finished runs whose wall time was measured (\"not "
+             "measured\": an attempt at the run ended without a record of its wall time). Published figures stand "
+             "beside keelrl's with their budget: a figure measured at another budget or environment version is not "
+             "comparable.", ""]
     for family in dict.fromkeys(r.family for r in results):
         lines += family_table(family, [c for c in cells if c.family == family], [a for a in iqms if a.family == family],
                               [r for r in results if r.family == family])
@@ -338,7 +361,9 @@ def read_runs_tables(out_dir: Path, name: str) -> list[RunResult]:
         data=row.get("data", CLEAN), options=row.get("options", ""), run_dir=row["run_dir"], steps=int(row["steps"]),
         final_return=float(row["final_return"]), final_cost=float(row["final_cost"]), score=float(row["score"]),
         score_references=row.get("score_references", ""),
-        last_train_return=float(row["last_train_return"]), wall_s=float(row["wall_s"]), machine=row.get("machine", ""),
+        last_train_return=float(row["last_train_return"]),
+        last_train_episodes=int(row.get("last_train_episodes", LAST_EPISODES_BEFORE)),
+        wall_s=float(row["wall_s"]), machine=row.get("machine", ""),
         curve=curves.get((row["family"], row["label"], row["task"], int(row["seed"])), []),
     ) for row in read_csv_rows(out_dir / f"{name}_runs.csv")]
 

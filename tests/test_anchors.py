@@ -2,15 +2,16 @@
 difference of means, the IQM over the same tasks on both sides, and the page that shows them."""
 
 import csv
+import dataclasses
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from keelrl.benchmarks import anchors, leaderboard
-from keelrl.benchmarks.aggregate import CellSummary, RunResult, iqm
+from keelrl.benchmarks.aggregate import CellSummary, RunResult, iqm, read_run_figures, summarize_cells
 from keelrl.benchmarks.reference_scores import normalized_score, published_for, score_range
-from keelrl.benchmarks.report import _spread_text, runs_made_on, write_report
+from keelrl.benchmarks.report import _spread_text, family_table, read_runs_tables, runs_made_on, write_csvs, write_report
 
 
 def anchor_rows(algorithm, task, step):
@@ -142,6 +143,50 @@ def test_ppo_is_set_against_the_spread_of_cleanrls_last_episodes():
     assert "**within** its spread [2111.1, 2654.6]" in _spread_text(published, cell)
     cell.last_train_mean = 2000.0
     assert "**below**" in _spread_text(published, cell)
+
+
+def test_a_run_is_set_against_cleanrls_spread_on_its_last_100_episodes_and_an_older_table_is_not(tmp_path):
+    """CleanRL's tables average each run's last 100 training episodes (openrlbenchmark's window): so does the
+    leaderboard; a table written before it did (no last_train_episodes column: its last 10) is read back as such
+    and not set against the spread."""
+    run_dir = tmp_path / "seed1"
+    run_dir.mkdir()
+    (run_dir / "eval.csv").write_text("global_step,mean_return,std_return,mean_cost,episodes\n1000000,3000.0,0,0,10\n")
+    # 150 episodes returning 2000, 2010, ..., 3490: the last 100 average 2995.0, the last 10 3445.0
+    episodes = "".join(f"{i * 1000},{2000 + 10 * i},1000\n" for i in range(150))
+    (run_dir / "episodes.csv").write_text("global_step,return,length\n" + episodes)
+    result = read_run_figures(RunResult("online", "ppo", "ppo", "Hopper-v4", 1, 1_000_000, "done"), run_dir)
+    assert (result.last_train_return, result.last_train_episodes) == (2995.0, 100)
+    (published,) = published_for("online", "ppo", "Hopper-v4")
+    (cell,) = summarize_cells([result])
+    assert "keelrl's last 100 training episodes (2995.0) **above** its spread [2111.1, 2654.6]" in _spread_text(
+        published, cell)
+
+    write_csvs(tmp_path, "page", [result], reps=10)
+    table = tmp_path / "page_runs.csv"
+    with table.open() as f:
+        rows = list(csv.DictReader(f))
+    assert rows[0]["last_train_episodes"] == "100"
+    for row in rows:  # as the tables were before: no window column, the figure over the last 10
+        del row["last_train_episodes"]
+        row["last_train_return"] = "3445.0"
+    with table.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    (older,) = read_runs_tables(tmp_path, "page")
+    assert (older.last_train_return, older.last_train_episodes) == (3445.0, 10)
+    (cell,) = summarize_cells([older])
+    assert _spread_text(published, cell) == ("; not set against its spread: CleanRL's figure averages each run's last "
+                                             "100 training episodes, keelrl's (last 10) does not")
+    mixed = summarize_cells([result, dataclasses.replace(older, seed=2)])
+    assert mixed[0].last_train_episodes == 0 and "(windows differ)" in _spread_text(published, mixed[0])
+    # the column is named by the window its cells share (else CleanRL's); a cell of another says so beside its figure
+    assert "| last 10 training episodes |" in "\n".join(family_table("online", [cell], [], [older]))
+    walker = dataclasses.replace(result, task="Walker2d-v4")
+    table = "\n".join(family_table("online", summarize_cells([older, walker]), [], [older, walker]))
+    assert "| last 100 training episodes |" in table and "| 3445.0 ± 0.0 (last 10) |" in table
+    assert "| 2995.0 ± 0.0 |" in table
 
 
 def test_entries_runs_only_the_named_entries_cells_and_refuses_an_unknown_one(tmp_path):

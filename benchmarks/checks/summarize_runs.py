@@ -35,6 +35,7 @@ import numpy as np
 from keelrl.agents.harness.logs import EPISODES_FILE, EVAL_FILE
 from keelrl.agents.harness.options import parse_command_line
 from keelrl.benchmarks.anchors import BOOTSTRAP_SEED, CONFIDENCE, difference_interval, verdict
+from keelrl.benchmarks.reference_scores import LAST_EPISODES
 
 
 CLEANRL = "CleanRL"
@@ -55,8 +56,8 @@ class Args:
     """the --variant group's name in the tables and curves"""
     cleanrl: tuple[Path, ...] = ()
     """CleanRL run directories (with TensorBoard events)"""
-    last_episodes: int = 10
-    """training episodes averaged for the 'last training episodes' column"""
+    last_episodes: int = LAST_EPISODES
+    """training episodes averaged for the 'last training episodes' column (default: CleanRL's published window)"""
     curves: Path | None = None
     """draw the training returns of every group into this PNG"""
     bin: int = 20_000
