@@ -35,7 +35,6 @@ import numpy as np
 from keelrl.agents.harness.logs import EPISODES_FILE, EVAL_FILE
 from keelrl.agents.harness.options import parse_command_line
 from keelrl.benchmarks.anchors import BOOTSTRAP_SEED, CONFIDENCE, difference_interval, verdict
-from keelrl.benchmarks.reference_scores import LAST_EPISODES
 
 
 CLEANRL = "CleanRL"
@@ -56,8 +55,9 @@ class Args:
     """the --variant group's name in the tables and curves"""
     cleanrl: tuple[Path, ...] = ()
     """CleanRL run directories (with TensorBoard events)"""
-    last_episodes: int = LAST_EPISODES
-    """training episodes averaged for the 'last training episodes' column (default: CleanRL's published window)"""
+    last_episodes: int = 10
+    """training episodes averaged for the 'last training episodes' column (CleanRL's published tables average
+    each run's last 100: pass 100 to set runs beside them)"""
     curves: Path | None = None
     """draw the training returns of every group into this PNG"""
     bin: int = 20_000
