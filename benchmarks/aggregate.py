@@ -311,15 +311,15 @@ def summarize_cells(results: list[RunResult]) -> list[CellSummary]:
             _mean_std([r.sps for r in done])[0], _mean_std([r.wall_s for r in done])[0],
             next((r.data for r in runs if r.data != CLEAN), CLEAN),
             runs_timed=sum(bool(np.isfinite(r.wall_s)) for r in done),
-            last_train_episodes=_common_window(done),
+            last_train_episodes=shared_window([r.last_train_episodes for r in done], differing=0),
         ))
     return summaries
 
 
-def _common_window(runs: list[RunResult]) -> int:
-    """The window of these runs' last_train_return (0 where they differ; LAST_EPISODES for no run)."""
-    windows = {r.last_train_episodes for r in runs} or {LAST_EPISODES}
-    return windows.pop() if len(windows) == 1 else 0
+def shared_window(windows: list[int], differing: int) -> int:
+    """The last_train_return window these share (LAST_EPISODES where there are none), else `differing`."""
+    distinct = set(windows) or {LAST_EPISODES}
+    return distinct.pop() if len(distinct) == 1 else differing
 
 
 @dataclasses.dataclass

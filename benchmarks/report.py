@@ -25,6 +25,7 @@ from keelrl.benchmarks.aggregate import (
     read_csv_rows,
     run_outcome,
     score_origin,
+    shared_window,
     steps_text,
     summarize_cells,
 )
@@ -118,13 +119,6 @@ def _window_text(window: int) -> str:
     return f"last {window}" if window else "windows differ"
 
 
-def table_window(cells: list[CellSummary]) -> int:
-    """The window of the table's "last N training episodes" column: its cells' where they share one, else
-    LAST_EPISODES (a cell of another window says so beside its figure)."""
-    windows = {cell.last_train_episodes for cell in cells if cell.seeds_done}
-    return windows.pop() if len(windows) == 1 else LAST_EPISODES
-
-
 def compared_envs(published: PublishedScore, cell: CellSummary) -> tuple[str, str]:
     """The environments whose versions a published figure and a row are compared on: each task's own, or the one it
     is built on (a safety task's MuJoCo env)."""
@@ -170,7 +164,8 @@ def family_table(family: str, cells: list[CellSummary], iqms: list[AgentIQM], re
     header = ["agent", "task", "budget", "seeds finished", RETURN_NAMES.get(family, "final eval return")]
     header += ["final eval cost"] if safe else []
     header += ["normalised score"] if normalised else []
-    window = table_window(cells)
+    # the column's window: its cells' where they share one, else CleanRL's (a cell of another says so by its figure)
+    window = shared_window([cell.last_train_episodes for cell in cells if cell.seeds_done], differing=LAST_EPISODES)
     header += [f"last {window} training episodes", "steps/s", "wall min/run", "published", "published budget"]
     unit = BUDGET_UNITS.get(family, "environment steps")
     lines = [f"## {family}", "", f"Budget in {unit}; steps/s counts the same unit. \"seeds finished\": runs done "

@@ -11,7 +11,8 @@ import pytest
 from keelrl.benchmarks import anchors, leaderboard
 from keelrl.benchmarks.aggregate import CellSummary, RunResult, iqm, read_run_figures, summarize_cells
 from keelrl.benchmarks.reference_scores import normalized_score, published_for, score_range
-from keelrl.benchmarks.report import _spread_text, family_table, read_runs_tables, runs_made_on, write_csvs, write_report
+from keelrl.benchmarks.report import (_spread_text, family_table, read_runs_tables, runs_made_on, write_csvs,
+                                     write_report)
 
 
 def anchor_rows(algorithm, task, step):
