@@ -10,6 +10,7 @@ import types
 import pytest
 
 from keelrl.benchmarks.gpu import evidence, page, page_learning, page_speed, speed
+from keelrl.benchmarks.perf import rates
 
 # Stand-ins for the reference scripts, which live outside the repository: CleanRL's writes charts/SPS points to
 # TensorBoard (here at wall times of exactly 40 steps/s after the burn-in), LeanRL's prints its progress bar.
@@ -47,9 +48,9 @@ def references(tmp_path):
 
 def test_window_rate_times_the_steps_after_the_burn_in():
     points = [(100, 10.0), (200, 11.0), (300, 11.5), (400, 12.0)]
-    assert speed.window_rate(points, from_step=200) == pytest.approx(200 / 1.0)
+    assert rates.window_rate(points, from_step=200) == pytest.approx(200 / 1.0)
     with pytest.raises(ValueError, match="fewer than two"):
-        speed.window_rate(points, from_step=400)
+        rates.window_rate(points, from_step=400)
 
 
 def test_tiny_run_on_the_cpu_gives_the_speed_table_the_smoke_runs_and_the_learning_page(references, tmp_path):

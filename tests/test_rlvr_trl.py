@@ -11,18 +11,17 @@ import pytest
 
 from keelrl.agents.grpo import validate
 from keelrl.benchmarks.checks import rlvr_trl_record
-from keelrl.benchmarks.checks.rlvr_trl import (
+from keelrl.benchmarks.checks.rlvr_trl_page import (FIGURES, PageArgs, SECTION, goal_lines, ratios, read_runs,
+                                                     summarize, write_page)
+from keelrl.benchmarks.checks.rlvr_trl_record import Clock, run_file, write_record
+from keelrl.benchmarks.checks.rlvr_trl_settings import (
     AGGREGATIONS,
     RunArgs,
     Settings,
     keelrl_config,
     keelrl_train_problems,
     trl_kwargs,
-    write_record,
 )
-from keelrl.benchmarks.checks.rlvr_trl_page import (FIGURES, PageArgs, SECTION, goal_lines, ratios, read_runs,
-                                                     summarize, write_page)
-from keelrl.benchmarks.checks.rlvr_trl_record import Clock, run_file
 from keelrl.envs.rlvr_tasks import make_task
 from keelrl.envs.token_env import GroupTokenEnv
 from keelrl.networks.char_lm import CharTokenizer

@@ -23,7 +23,7 @@ import numpy as np
 
 from keelrl.benchmarks.aggregate import read_csv_rows
 from keelrl.benchmarks.checks.rlvr_learning import write_section
-from keelrl.benchmarks.checks.rlvr_trl import KNOWN_DIFFERENCES, RESULTS, Settings
+from keelrl.benchmarks.checks.rlvr_trl_settings import KNOWN_DIFFERENCES, RESULTS, Settings
 from keelrl.benchmarks.checks.rlvr_trl_record import run_file
 
 SECTION = "keelrl GRPO beside TRL's GRPOTrainer (SmolLM2-135M-Instruct)"

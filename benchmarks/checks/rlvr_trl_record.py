@@ -1,4 +1,4 @@
-"""What a run of benchmarks/checks/rlvr_trl.py measures (`Clock`) and the CSV files it writes (`write_run`).
+"""What a run of benchmarks/checks/rlvr_trl.py measures (`Clock`) and the CSV files it writes (`write_record`).
 
 Training time counts whole iterations, each from its start to the start of the next iteration or of an evaluation
 (`Clock`). Peak RSS is the process's peak over those iterations: the peak is reset (Linux's
@@ -9,7 +9,9 @@ evaluations included) is kept beside it.
 from __future__ import annotations
 
 import csv
+import dataclasses
 import hashlib
+import os
 import resource
 import time
 from collections.abc import Callable
@@ -18,6 +20,11 @@ from pathlib import Path
 from typing import TypeVar
 
 import numpy as np
+import torch
+
+from keelrl.benchmarks.checks.rlvr_learning import commit_of, machine_description
+from keelrl.benchmarks.checks.rlvr_trl_settings import RunArgs, Settings
+from keelrl.envs.rlvr_tasks import make_task
 
 T = TypeVar("T")
 
@@ -127,3 +134,31 @@ def write_run(out: str, run: dict, evaluations: list[dict]) -> None:
     """A run's evaluations CSV (a row per evaluation) and its one-row run CSV, named by task, side and seed."""
     write_csv(run_file(out, run["task"], run["side"], run["seed"], "evals.csv"), evaluations)
     write_csv(run_file(out, run["task"], run["side"], run["seed"], "run.csv"), [run])
+
+
+def command_of(side: str, args: RunArgs) -> str:
+    """The command that makes a run's figures: CPU pinning, the side, the settings not at their defaults."""
+    affinity = sorted(os.sched_getaffinity(0))
+    pin = f"taskset -c {','.join(map(str, affinity))} " if len(affinity) < (os.cpu_count() or 0) else ""
+    options = []
+    for field in dataclasses.fields(Settings):
+        value, default = getattr(args, field.name), field.default
+        flag = field.name.replace("_", "-")
+        if isinstance(value, bool) and value != default:
+            options.append(f"--{flag}" if value else f"--no-{flag}")
+        elif value != default:
+            options.append(f"--{flag} {value:g}" if isinstance(value, float) else f"--{flag} {value}")
+    return " ".join([f"{pin}python -m keelrl.benchmarks.checks.rlvr_trl {side}", *options])
+
+
+def write_record(args: RunArgs, side: str, clock: Clock, evaluations: list[dict]) -> None:
+    """The run's evaluations CSV and its one-row run CSV (settings, measurements, provenance)."""
+    settings = {field.name: getattr(args, field.name) for field in dataclasses.fields(Settings)}
+    # a split is the plain prompts' (a chat prompt keeps its plain prompt's), so plain problems count it
+    evaluated = make_task(args.task, args.task_size, args.max_value).problems(args.eval_split, args.eval_episodes, 0)
+    measured = clock.summary()
+    run = {"side": side, **settings, **measured, "eval_prompts": len(evaluated), **versions(),
+           "threads_used": torch.get_num_threads(), "machine": machine_description(),
+           "commit": commit_of(args.commit_note), "command": command_of(side, args)}
+    write_run(args.out, run, evaluations)
+    print(f"{side} seed {args.seed}: {evaluations[-1]} | {measured}")

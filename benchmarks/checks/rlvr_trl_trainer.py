@@ -7,7 +7,7 @@ Imported only by `python -m keelrl.benchmarks.checks.rlvr_trl trl`, in a scratch
   β > 0 it is also saved to the scratch folder, from which TRL builds its reference model (TRL reads the reference
   from the policy's `_name_or_path`, which for a GGUF file names a folder that holds no config);
 - the prompts: text that keelrl's ChatTask already rendered with the chat template, as a plain (not
-  conversational) dataset, in keelrl's order (rlvr_trl.keelrl_train_problems) with TRL's shuffling off; TRL
+  conversational) dataset, in keelrl's order (rlvr_trl_settings.keelrl_train_problems) with TRL's shuffling off; TRL
   tokenises plain prompts with the tokenizer's call, checked here to give keelrl's token ids (no special tokens added);
 - the reward: keelrl's verifier through its env's own scoring (safe_reward) on the completion decoded as keelrl's
   env decodes it (EOS dropped, special tokens skipped);
@@ -28,15 +28,14 @@ from trl import GRPOConfig as TRLConfig
 from trl import GRPOTrainer
 
 from keelrl.agents.grpo import build_task, heldout_metrics
-from keelrl.benchmarks.checks.rlvr_trl import (
+from keelrl.benchmarks.checks.rlvr_trl_record import Clock, run_file, write_record
+from keelrl.benchmarks.checks.rlvr_trl_settings import (
     EvalAgent,
     RunArgs,
     keelrl_config,
     keelrl_train_problems,
     trl_kwargs,
-    write_record,
 )
-from keelrl.benchmarks.checks.rlvr_trl_record import Clock, run_file
 from keelrl.envs.rlvr_tasks import Problem, Task
 from keelrl.envs.token_env import safe_reward
 from keelrl.networks.lm_policy import LMPolicy, load_model, packaged_model_file

@@ -43,7 +43,8 @@ from keelrl.agents.harness.options import parse_command_line
 from keelrl.benchmarks import leaderboard
 from keelrl.benchmarks.aggregate import read_csv_rows
 from keelrl.benchmarks.gpu import mps
-from keelrl.benchmarks.gpu.speed import machine, tensorboard_points, window_rate, write_csv
+from keelrl.benchmarks.gpu.speed import machine, write_csv
+from keelrl.benchmarks.perf.rates import tensorboard_points, window_rate
 from keelrl.buffers import normalized_score
 
 GRIDS = ("gpu-evidence-online", "gpu-evidence-offline")

@@ -10,9 +10,10 @@ processes at once; every process pinned to `--cores` (CPU) with one torch thread
 `--total-timesteps` steps of `--env-id`, the first `--learning-starts` random (PPO: the first rollout, 2048 steps on
 Box actions, before its first update); the figure is environment steps per second from the first update on, read
 from each run's own output ("while updating"), or with `--burn-in` from that many updates later on, read from the
-charts/SPS points each run writes to TensorBoard (the window of benchmarks/gpu/speed.py); with `--repeats`, the two ways take turns and the median of each is
-shown. Per seed: each seed's steps/s (the batched process moves all its seeds at its loop's rate; separate
-processes, their mean). Together: the sum over seeds, what a seed table costs. `--out` writes the table as Markdown.
+charts/SPS points each run writes to TensorBoard (the window of benchmarks/perf/rates.py); with `--repeats`, the two
+ways take turns and the median of each is shown. Per seed: each seed's steps/s (the batched process moves all its
+seeds at its loop's rate; separate processes, their mean). Together: the sum over seeds, what a seed table costs.
+`--out` writes the table as Markdown.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from pathlib import Path
 from typing import Literal
 
 from keelrl.agents.harness.options import parse_command_line
+from keelrl.benchmarks.perf.rates import tensorboard_points, window_rate
 
 
 
@@ -87,8 +89,6 @@ def timed_rate(args: Args, output: str, run_dir: Path) -> float:
     points from step learning-starts + burn-in on (`run_dir`: the run's --runs-dir)."""
     if not args.burn_in:
         return update_rates(output)[0]
-    from keelrl.benchmarks.gpu.speed import tensorboard_points, window_rate
-
     return window_rate(tensorboard_points(run_dir), args.learning_starts + args.burn_in)
 
 
